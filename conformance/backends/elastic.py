@@ -1,0 +1,106 @@
+"""Adapter for the elastic API, ``deep_ep.ElasticBuffer`` ("V2"), with production call conventions.
+
+One buffer per (pinned ``num_max_tokens_per_rank``, hidden, top-k, deterministic), ``num_allocated_qps=0``
+(the automatic cap), ``explicitly_destroy=True`` with :meth:`ElasticAdapter.destroy` run before the
+process group goes away (the real V2 crashed with an illegal memory access otherwise).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from conformance.backends.spec import BackendSpec
+from conformance.backends.views import DispatchOptions, DispatchView
+from conformance.example import Example, RankInputs
+
+#: Live buffers kept per rank; the least recently used one is destroyed beyond this.
+MAX_LIVE_BUFFERS = 4
+
+
+class ElasticAdapter:
+    """Drives ``module.ElasticBuffer`` (``module`` is the real ``deep_ep`` or ``conformance.emulation``)."""
+
+    api = "v2"
+
+    def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
+        self.spec = spec
+        self.module = module
+        self.group = group
+        self.num_nodes = num_nodes
+        self._buffers: OrderedDict[tuple, Any] = OrderedDict()
+
+    def buffer(self, example: Example, deterministic: bool = False) -> Any:
+        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k, deterministic)."""
+        key = (example.num_max_tokens_per_rank, example.hidden, example.num_topk, deterministic)
+        if key in self._buffers:
+            self._buffers.move_to_end(key)
+            return self._buffers[key]
+        while len(self._buffers) >= MAX_LIVE_BUFFERS:
+            _, old = self._buffers.popitem(last=False)
+            old.destroy()
+        self._buffers[key] = self.module.ElasticBuffer(
+            self.group,
+            num_max_tokens_per_rank=example.num_max_tokens_per_rank,
+            hidden=example.hidden,
+            num_topk=example.num_topk,
+            deterministic=deterministic,
+            num_allocated_qps=0,
+            explicitly_destroy=True,
+        )
+        return self._buffers[key]
+
+    def destroy(self) -> None:
+        """Destroy every buffer (before the process group goes away)."""
+        while self._buffers:
+            _, buffer = self._buffers.popitem()
+            buffer.destroy()
+
+    def describe_dispatch(self, example: Example, rank: int, options: DispatchOptions) -> str:
+        """The call, as failure messages show it."""
+        t = example.tokens_per_rank[rank]
+        return (
+            f"ElasticBuffer.dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
+            f"topk_weights, num_experts={example.num_experts}, "
+            f"num_max_tokens_per_rank={example.num_max_tokens_per_rank}, "
+            f"expert_alignment={example.expert_alignment}, do_expand={options.do_expand}) on rank {rank}"
+            + (" [deterministic buffer]" if options.deterministic else "")
+        )
+
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
+        """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
+        buffer = self.buffer(example, options.deterministic)
+        recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
+            inputs.x,
+            topk_idx=inputs.topk_idx,
+            topk_weights=inputs.topk_weights,
+            num_experts=example.num_experts,
+            num_max_tokens_per_rank=example.num_max_tokens_per_rank,
+            expert_alignment=example.expert_alignment,
+            async_with_compute_stream=options.async_finish,
+            do_expand=options.do_expand,
+        )
+        if options.async_finish:
+            event.current_stream_wait()
+        source = handle.recv_src_metadata[:, 0].to(torch.int64).cpu()
+        stride = handle.num_max_tokens_per_rank
+        view = DispatchView(
+            backend=self.spec.name,
+            call=self.describe_dispatch(example, rank, options),
+            src_rank=source // stride,
+            src_token=source % stride,
+            x=recv_x.cpu(),
+            topk_idx=recv_idx.to(torch.int64).cpu() if recv_idx is not None else torch.empty(0),
+            topk_weights=recv_w.cpu(),
+            num_recv_tokens_per_expert=list(handle.num_recv_tokens_per_expert_list),
+            extras={
+                "psum_num_recv_tokens_per_scaleup_rank": handle.psum_num_recv_tokens_per_scaleup_rank.cpu(),
+                "psum_num_recv_tokens_per_expert": handle.psum_num_recv_tokens_per_expert.cpu(),
+                "num_unaligned_recv_tokens_per_expert": handle.num_unaligned_recv_tokens_per_expert.cpu(),
+                "num_recv_tokens": int(handle.num_recv_tokens),
+            },
+        )
+        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}

@@ -1,0 +1,97 @@
+"""Adapter for the legacy API, ``deep_ep.Buffer`` ("V1"), called the way integrators call it."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from conformance.backends.identity import decode_identity, identity_payload
+from conformance.backends.spec import BackendSpec
+from conformance.backends.views import DispatchOptions, DispatchView
+from conformance.example import Example, RankInputs
+
+#: Buffer sizes (NVLink and RDMA) big enough for every example the strategies draw.
+NUM_NVL_BYTES = 1 << 30
+NUM_RDMA_BYTES = 1 << 30
+
+
+class LegacyAdapter:
+    """Drives ``module.Buffer`` (``module`` is the real ``deep_ep`` or ``conformance.emulation``)."""
+
+    api = "v1"
+
+    def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
+        self.spec = spec
+        self.module = module
+        self.group = group
+        self.num_nodes = num_nodes
+        self._buffer: Any = None
+
+    @property
+    def buffer(self) -> Any:
+        """The one ``Buffer`` of this rank (created on first use, destroyed by :meth:`destroy`)."""
+        if self._buffer is None:
+            self._buffer = self.module.Buffer(
+                self.group,
+                num_nvl_bytes=NUM_NVL_BYTES,
+                num_rdma_bytes=NUM_RDMA_BYTES if self.num_nodes > 1 else 0,
+                explicitly_destroy=True,
+            )
+        return self._buffer
+
+    def destroy(self) -> None:
+        """Release the buffer (before the process group goes away)."""
+        if self._buffer is not None:
+            self._buffer.destroy()
+            self._buffer = None
+
+    def describe_dispatch(self, example: Example, rank: int) -> str:
+        """The call, as failure messages show it."""
+        t = example.tokens_per_rank[rank]
+        return (
+            f"Buffer.dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], topk_weights, "
+            f"num_experts={example.num_experts}, expert_alignment={example.expert_alignment}) on rank {rank}"
+        )
+
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
+        """Layout + dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
+        buffer = self.buffer
+        num_per_rank, num_per_rdma, num_per_expert, in_rank, _ = buffer.get_dispatch_layout(
+            inputs.topk_idx, example.num_experts
+        )
+        recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
+            inputs.x,
+            num_tokens_per_rank=num_per_rank,
+            num_tokens_per_rdma_rank=num_per_rdma,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=num_per_expert,
+            topk_idx=inputs.topk_idx,
+            topk_weights=inputs.topk_weights,
+            expert_alignment=example.expert_alignment,
+            async_finish=options.async_finish,
+        )
+        if options.async_finish:
+            event.current_stream_wait()
+        if len(handle) == 6:  # intranode: (rank_prefix_matrix, ..., recv_src_idx, is_token_in_rank, send_head)
+            prefix = handle[0][:, rank].to(torch.int64).cpu()
+            per_src = torch.diff(prefix, prepend=prefix.new_zeros(1))
+            src_rank = torch.repeat_interleave(torch.arange(per_src.numel()), per_src)
+            src_token = handle[3].to(torch.int64).cpu()
+        else:  # internode handles do not name the source token: ask a cached dispatch of identity rows
+            ident = identity_payload(inputs.x.shape[0], inputs.x.shape[1], rank, inputs.x)
+            ident_rows = buffer.dispatch(ident, handle=handle)[0]
+            src_rank, src_token = decode_identity(ident_rows.cpu())
+        view = DispatchView(
+            backend=self.spec.name,
+            call=self.describe_dispatch(example, rank),
+            src_rank=src_rank,
+            src_token=src_token,
+            x=recv_x.cpu(),
+            topk_idx=recv_idx.to(torch.int64).cpu(),
+            topk_weights=recv_w.cpu(),
+            num_recv_tokens_per_expert=list(counts),
+            extras={"num_tokens_per_expert": num_per_expert.cpu(), "num_tokens_per_rank": num_per_rank.cpu()},
+        )
+        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}

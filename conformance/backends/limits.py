@@ -1,0 +1,42 @@
+"""Known capability limits: configurations a backend is recorded to reject cleanly.
+
+An exception from a backend is a failure unless a limit here names it; then the configuration is
+reported as ``unsupported`` for that backend (and as a capability regression when the other API
+accepts it).  A limit that no longer raises is reported as a capability gained.  Entries come from
+recordings of the real library (fixtures/deepep-real/README.md); the emulation mimics them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from conformance.example import Example
+
+
+@dataclass(frozen=True)
+class Limit:
+    """``api``'s ``operation`` rejects examples for which ``applies`` is true."""
+
+    api: str
+    operation: str
+    applies: Callable[[Example], bool]
+    reason: str
+
+
+KNOWN_LIMITS: tuple[Limit, ...] = (
+    Limit(
+        api="v2",
+        operation="combine",
+        applies=lambda example: example.hidden == 128,
+        reason="ElasticBuffer.combine's JIT build rejects hidden=128 ('Invalid hidden'), seen on DeepEP 2.1.0",
+    ),
+)
+
+
+def known_limit(api: str, operation: str, example: Example) -> Limit | None:
+    """The limit that covers ``api.operation`` on ``example``, if any."""
+    for limit in KNOWN_LIMITS:
+        if limit.api == api and limit.operation == operation and limit.applies(example):
+            return limit
+    return None

@@ -1,0 +1,52 @@
+"""The run configuration, built from pytest options or from ``conformance.repro``'s arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conformance.backends.spec import BackendSpec
+from conformance.world import WorldShape
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides how examples run."""
+
+    shape: WorldShape
+    backends: tuple[BackendSpec, ...]
+    device: str = "cpu"
+    example_timeout_s: float = 120.0
+    mutant: str | None = None
+    gpu_ids: tuple[str, ...] = ()
+    rank_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.shape.size
+
+    def cli_args(self) -> str:
+        """The command-line options that reproduce this configuration."""
+        args = (
+            f"--nodes {self.shape.nodes} --ranks-per-node {self.shape.ranks_per_node} "
+            f"--backends {','.join(b.name for b in self.backends)} --device {self.device}"
+        )
+        if self.mutant:
+            args += f" --mutant {self.mutant}"
+        return args
+
+
+_active: RunConfig | None = None
+
+
+def set_active(config: RunConfig) -> None:
+    """Make ``config`` the configuration strategies and checks read."""
+    global _active
+    _active = config
+
+
+def active() -> RunConfig:
+    """The active configuration (set by the plugin or by ``conformance.repro``)."""
+    if _active is None:
+        raise RuntimeError("no conformance run is configured (is the conformance pytest plugin active?)")
+    return _active

@@ -1,0 +1,63 @@
+"""Replay one example against one property, outside Hypothesis and pytest.
+
+    python -m conformance.repro P1-per-expert-payloads '{"tokens_per_rank": [3, 0], ...}' --nodes 1 --ranks-per-node 2
+
+Every failure message of the suite ends with such a line.  Exit status: 0 if the property holds, 1 if
+it fails (the message is printed), 2 on bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from conformance import config as run_config
+from conformance.backends.probe import real_deep_ep_available
+from conformance.backends.spec import parse_backends
+from conformance.checks import CHECKS
+from conformance.config import RunConfig
+from conformance.devices import visible_gpus
+from conformance.example import Example
+from conformance.session import Session
+from conformance.world import WorldShape
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse arguments, run the check once, print the verdict."""
+    parser = argparse.ArgumentParser(prog="python -m conformance.repro", description=__doc__.split("\n\n")[0])
+    parser.add_argument("property", choices=sorted(CHECKS), metavar="PROPERTY", help="e.g. P1-per-expert-payloads")
+    parser.add_argument("example", help="the example as JSON (from a report or a failure message)")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--ranks-per-node", type=int, default=2)
+    parser.add_argument("--backends", default="auto")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--example-timeout", type=float, default=120.0)
+    parser.add_argument("--mutant", default=None)
+    args = parser.parse_args(argv)
+    try:
+        example = Example.from_json(args.example)
+        example.validate()
+        backends = parse_backends(args.backends, real_deep_ep_available())
+    except (ValueError, TypeError) as exc:
+        parser.error(str(exc))
+    shape = WorldShape(args.nodes, args.ranks_per_node)
+    if example.world_size != shape.size:
+        parser.error(f"the example is written for {example.world_size} ranks, the world has {shape.size}")
+    device = args.device if args.device != "auto" else ("cuda" if visible_gpus() else "cpu")
+    config = RunConfig(shape, tuple(backends), device, args.example_timeout, args.mutant,
+                       tuple(visible_gpus()[: shape.size]) if device == "cuda" else ())
+    run_config.set_active(config)
+    session = Session(config)
+    try:
+        session.check(args.property, example)
+    except AssertionError as failure:
+        print(f"FAILED {args.property}: {failure}")
+        return 1
+    finally:
+        session.close()
+    print(f"PASSED {args.property} on {', '.join(b.name for b in backends)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

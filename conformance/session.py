@@ -1,0 +1,96 @@
+"""The controller's view of a run: the world, the backends, and what the current test recorded."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
+from conformance.config import RunConfig
+from conformance.example import Example
+from conformance.tasks import TaskSettings
+from conformance.world import World
+
+
+@dataclass
+class Recorder:
+    """What one property test saw: example count, the last example, divergences, unsupported configs."""
+
+    property_id: str | None = None
+    examples: int = 0
+    last_example: Example | None = None
+    divergences: dict[str, str] = field(default_factory=dict)
+    unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form, carried from xdist workers to the controller in ``user_properties``."""
+        return {
+            "id": self.property_id,
+            "examples": self.examples,
+            "last_example": self.last_example.to_json() if self.last_example else None,
+            "divergences": self.divergences,
+            "unsupported": self.unsupported,
+            "wall_s": round(time.monotonic() - self.started, 3),
+        }
+
+
+class Session:
+    """One per pytest(-xdist) worker: owns the world and runs checks against it."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.recorder = Recorder()
+        self._world: World | None = None
+
+    @property
+    def world(self) -> World:
+        """The rank world, started on first use and restarted after a failure."""
+        if self._world is None:
+            self._world = World(
+                self.config.shape, device=self.config.device, gpu_ids=self.config.gpu_ids, env=self.config.rank_env
+            )
+        return self._world
+
+    def close(self) -> None:
+        """Shut the world down."""
+        if self._world is not None:
+            self._world.close()
+            self._world = None
+
+    @property
+    def settings(self) -> TaskSettings:
+        """Task settings for the ranks."""
+        return TaskSettings(tuple(b.name for b in self.config.backends), self.config.mutant)
+
+    def run(self, target: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Run a rank task with the per-example timeout; per-rank results."""
+        return self.world.run(target, self.settings, *args, timeout=self.config.example_timeout_s, **kwargs)
+
+    def check(self, property_id: str, example: Example) -> None:
+        """Run the registered check of ``property_id`` on ``example`` (the body of every property test)."""
+        from conformance.checks import CHECKS
+
+        self.recorder.property_id = property_id
+        self.recorder.examples += 1
+        self.recorder.last_example = example
+        CHECKS[property_id](self, example)
+
+    # ------------------------------------------------------------------------------ shared task calls
+    def dispatch_views(
+        self, example: Example, options: DispatchOptions = DispatchOptions()
+    ) -> list[dict[str, DispatchView | Unsupported]]:
+        """Every rank's dispatch views, one per backend."""
+        return self.run("conformance.tasks:dispatch_views", example, options)
+
+    def record_unsupported(self, item: Unsupported, example: Example) -> None:
+        """Remember that a backend rejected a configuration (reported as ``unsupported``)."""
+        entry = self.recorder.unsupported.setdefault(
+            item.backend, {"call": item.call, "error": item.error, "count": 0, "example": example.to_json()}
+        )
+        entry["count"] += 1
+
+    def record_divergence(self, key: str, message: str) -> None:
+        """Remember a documented behavioural divergence (reported as ``divergence``, not a failure)."""
+        self.recorder.divergences[key] = message

@@ -1,0 +1,42 @@
+"""Errors the world raises in the controller.  Each carries every rank's side of the story."""
+
+from __future__ import annotations
+
+
+class WorldError(RuntimeError):
+    """The world could not be started or used (bad environment, start-up failure)."""
+
+
+class RankFailure(RuntimeError):
+    """A task failed on at least one rank.  ``per_rank`` maps rank -> what that rank said or showed."""
+
+    kind = "failed"
+
+    def __init__(self, target: str, per_rank: dict[int, str], culprits: list[int] | None = None) -> None:
+        self.target = target
+        self.per_rank = per_rank
+        self.culprits = sorted(per_rank) if culprits is None else sorted(culprits)
+        waiting = sorted(set(per_rank) - set(self.culprits))
+        headline = f"{target}: {self.kind} on rank(s) {self.culprits}"
+        if waiting:
+            headline += f"; rank(s) {waiting} were still running (their stacks follow)"
+        details = "\n".join(f"--- rank {rank} ---\n{text.rstrip()}" for rank, text in sorted(per_rank.items()))
+        super().__init__(f"{headline}\n{details}")
+
+
+class RankRaised(RankFailure):
+    """A rank raised an exception; ``per_rank`` holds the tracebacks (and stacks of ranks left waiting)."""
+
+    kind = "raised an exception"
+
+
+class RankTimeout(RankFailure):
+    """The task did not finish in time; ``per_rank`` holds every rank's Python stacks (faulthandler)."""
+
+    kind = "timed out (hung)"
+
+
+class RankCrashed(RankFailure):
+    """A rank process died; ``per_rank`` holds exit codes and the tail of its log."""
+
+    kind = "crashed (process died)"

@@ -1,0 +1,195 @@
+"""The rank process: joins the process group, then runs tasks sent by the controller until told to stop.
+
+Runs in a spawned process.  Tasks are named ``"module:function"``; they are called with the arguments the
+controller sent, inside the initialised world, and their return value goes back pickled.  Per-process
+state that must outlive one task (communication buffers, which are expensive to build) lives in
+:func:`cached`; :func:`on_shutdown` hooks run before the process group is destroyed (real DeepEP V2
+buffers must be destroyed before the group, or it crashes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import faulthandler
+import importlib
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+#: Signal that makes every rank dump its Python stacks into its log.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+
+_cache: dict[Any, Any] = {}
+_shutdown_hooks: list[Callable[[], None]] = []
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """Where this process sits in the world."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node: int
+    num_nodes: int
+    device: str  # "cpu" or "cuda"
+
+    @property
+    def group(self):  # noqa: ANN201 - torch.distributed.ProcessGroup
+        """The default process group."""
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+
+    def torch_device(self):  # noqa: ANN201 - torch.device
+        """The device tensors of this rank live on."""
+        import torch
+
+        return torch.device("cuda", torch.cuda.current_device()) if self.device == "cuda" else torch.device("cpu")
+
+
+_context: RankContext | None = None
+
+
+def context() -> RankContext:
+    """The context of the current rank (only valid inside a rank process)."""
+    if _context is None:
+        raise RuntimeError("conformance.world.rank.context() called outside a rank process")
+    return _context
+
+
+def cached(key: Any, factory: Callable[[], Any]) -> Any:
+    """Return the per-process object stored under ``key``, building it with ``factory`` the first time."""
+    if key not in _cache:
+        _cache[key] = factory()
+    return _cache[key]
+
+
+def on_shutdown(hook: Callable[[], None]) -> None:
+    """Run ``hook`` when the world shuts down cleanly, before the process group is destroyed."""
+    _shutdown_hooks.append(hook)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Never outlive the controller: PDEATHSIG where Linux offers it, and a watchdog thread everywhere."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(70)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+
+
+def _init_process_group(timeout_s: float) -> RankContext:
+    import torch
+    import torch.distributed as dist
+
+    env = os.environ
+    device = env["CONFORMANCE_DEVICE"]
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    torch.set_num_threads(1)
+    if device == "cuda":
+        torch.cuda.set_device(0)  # each rank sees exactly its own GPU
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend="nccl" if device == "cuda" else "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=torch.device("cuda", 0) if device == "cuda" else None,
+    )
+    return RankContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=int(env["LOCAL_RANK"]),
+        local_world_size=int(env["LOCAL_WORLD_SIZE"]),
+        node=int(env["GROUP_RANK"]),
+        num_nodes=world_size // int(env["LOCAL_WORLD_SIZE"]),
+        device=device,
+    )
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _send(conn: Connection, message: tuple) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _shutdown() -> None:
+    import torch.distributed as dist
+
+    for hook in reversed(_shutdown_hooks):
+        try:
+            hook()
+        except Exception:  # a failing hook must not keep the others from running
+            traceback.print_exc()
+    _cache.clear()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: int, timeout_s: float) -> None:
+    """Entry point of a rank process (target of the spawned ``multiprocessing.Process``)."""
+    global _context
+    _redirect_output(log_path)
+    os.environ.update(env)
+    _die_with_parent(parent_pid)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+    try:
+        _context = _init_process_group(timeout_s)
+    except BaseException:
+        _send(conn, ("error", traceback.format_exc()))
+        raise
+    _send(conn, ("ready", {"pid": os.getpid(), "rank": _context.rank}))
+    while True:
+        try:
+            message = pickle.loads(conn.recv_bytes())
+        except EOFError:  # controller went away
+            os._exit(71)
+        if message[0] == "shutdown":
+            _shutdown()
+            _send(conn, ("bye", None))
+            return
+        _, target, args, kwargs = message
+        try:
+            result = _resolve(target)(*args, **kwargs)
+            reply: tuple = ("ok", result)
+        except BaseException:  # reported to the controller, which retires this world
+            reply = ("error", traceback.format_exc())
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _send(conn, reply)

@@ -1,0 +1,29 @@
+"""Self-test helpers: run the suite itself as a subprocess and read its JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_suite(args: list[str], report_dir: Path, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``pytest <args>`` on the suite in a fresh interpreter; return the process and its JSON report."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    report_path = report_dir / "conformance.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    return proc, report
+
+
+@pytest.fixture
+def suite(tmp_path: Path):
+    """Callable running the suite with its reports in a temporary directory."""
+    return lambda *args, **kw: run_suite(list(args), tmp_path / "reports", **kw)

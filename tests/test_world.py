@@ -1,0 +1,73 @@
+"""The rank world: torchrun environment, failures reported with every rank's story, no orphans."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conformance.world import RankCrashed, RankRaised, RankTimeout, World, WorldError, WorldShape
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead too
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def world():
+    w = World(WorldShape(nodes=2, ranks_per_node=2), start_timeout_s=120)
+    yield w
+    pids = w.pids()
+    w.close()
+    assert not [p for p in pids if _alive(p)], "rank processes outlived World.close()"
+
+
+def test_torchrun_environment(world: World) -> None:
+    envs = world.run("tests.world_tasks:environment", timeout=60)
+    assert [e["RANK"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "1", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"4"} and {e["LOCAL_WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
+
+
+def test_exception_on_one_rank_names_it_and_shows_the_others(world: World) -> None:
+    with pytest.raises(RankRaised) as info:
+        world.run("tests.world_tasks:raise_on_rank", 2, timeout=60)
+    assert info.value.culprits == [2]
+    assert "planted failure on rank 2" in info.value.per_rank[2]
+    assert "still running" in info.value.per_rank[0]  # the others were stuck in the barrier: stacks shown
+    assert "barrier" in info.value.per_rank[0]
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]  # rebuilt, goes on
+
+
+def test_killed_rank_is_a_clear_error_not_a_hang(world: World) -> None:
+    start = time.monotonic()
+    with pytest.raises(RankCrashed) as info:
+        world.run("tests.world_tasks:kill_rank", 1, timeout=60)
+    assert time.monotonic() - start < 30
+    assert info.value.culprits == [1]
+    assert "SIGKILL" in info.value.per_rank[1] or "-9" in info.value.per_rank[1]
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
+
+
+def test_hang_times_out_with_stacks(world: World) -> None:
+    with pytest.raises(RankTimeout) as info:
+        world.run("tests.world_tasks:hang_on_rank", 0, timeout=5)
+    assert "hang_on_rank" in info.value.per_rank[0]
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
+
+
+def test_cuda_world_without_gpus_is_refused_clearly() -> None:
+    with pytest.raises(WorldError, match="needs 2 GPUs"):
+        World(WorldShape(1, 2), device="cuda", gpu_ids=())
