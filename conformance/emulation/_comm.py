@@ -1,0 +1,75 @@
+"""Collectives used by the emulation: only ``all_gather`` of fixed-size tensors (works on gloo and NCCL).
+
+Every payload travels as raw bytes (``uint8``), so NaN bit patterns, -0.0 and +-Inf survive and any dtype
+(bfloat16, float8) is supported by every backend.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+
+class PeerRefused(RuntimeError):
+    """Raised on every rank when some rank's preflight check failed (so no rank hangs in a collective)."""
+
+
+def all_gather_ints(group: dist.ProcessGroup, values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """All-gather a short vector of Python ints; returns an int64 CPU tensor ``[num_ranks, len(values)]``."""
+    local = torch.tensor(list(values), dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(local) for _ in range(group.size())]
+    dist.all_gather(gathered, local, group=group)
+    return torch.stack(gathered).cpu()
+
+
+def preflight(group: dist.ProcessGroup, device: torch.device, num_rows: int,
+              error: str | None, what: str) -> list[int]:
+    """Exchange each rank's row count and local validation verdict.
+
+    Raises ``ValueError(error)`` on the rank that found the problem and ``PeerRefused`` on the others,
+    so that a bad input on one rank produces an exception on every rank instead of a hang.
+
+    Returns:
+        the row count of every rank.
+    """
+    table = all_gather_ints(group, [num_rows, 0 if error is None else 1], device)
+    if error is not None:
+        raise ValueError(error)
+    bad = [r for r in range(group.size()) if int(table[r, 1]) != 0]
+    if bad:
+        raise PeerRefused(f'{what}: rank(s) {bad} refused their input (see the exception on those ranks); '
+                          f'nothing was communicated')
+    return [int(v) for v in table[:, 0]]
+
+
+def all_gather_rows(group: dist.ProcessGroup, tensor: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
+    """All-gather a tensor whose first dimension differs between ranks.
+
+    Arguments:
+        tensor: this rank's ``[counts[rank], ...]`` tensor (any dtype); trailing dims must match on all ranks.
+        counts: the first-dimension size on every rank.
+
+    Returns:
+        one tensor per rank, with that rank's rows, on ``tensor``'s device.
+    """
+    row_shape = tuple(tensor.shape[1:])
+    row_elems = math.prod(row_shape)
+    max_rows = max(max(counts), 1)
+    row_bytes = row_elems * tensor.element_size()
+    local = torch.zeros((max_rows, max(row_bytes, 1)), dtype=torch.uint8, device=tensor.device)
+    if tensor.shape[0] > 0 and row_bytes > 0:
+        local[:tensor.shape[0], :row_bytes] = tensor.contiguous().reshape(tensor.shape[0], row_elems) \
+            .view(torch.uint8)
+    gathered = [torch.empty_like(local) for _ in range(group.size())]
+    dist.all_gather(gathered, local, group=group)
+    result = []
+    for rows, buf in zip(counts, gathered, strict=False):
+        part = buf[:rows, :row_bytes].contiguous()
+        if row_bytes > 0:
+            part = part.view(tensor.dtype)
+        else:
+            part = torch.empty((rows, 0), dtype=tensor.dtype, device=tensor.device)
+        result.append(part.reshape((rows,) + row_shape))
+    return result
