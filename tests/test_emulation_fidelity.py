@@ -7,6 +7,7 @@ byte (``conformance.emulation.replay``); the recorded errors are re-triggered; a
 The world is a small local harness (spawned processes + FileStore); it can be swapped for
 ``conformance.world.World`` (``world.run('module:function', ...)``) without touching the rank functions.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,34 +28,38 @@ from conformance.emulation import replay
 WORLD_SIZE = 2
 TIMEOUT_S = 120
 CASES = replay.recorded_case_names()
-JOBS = [(f'case:{name}', 'conformance.emulation.replay:replay_recorded_case', (name,)) for name in CASES] + [
-    ('errors', 'conformance.emulation.replay:replay_recorded_errors', ()),
-    ('megatron', 'tests.test_emulation_fidelity:megatron_style_round_trip', ()),
+JOBS = [(f"case:{name}", "conformance.emulation.replay:replay_recorded_case", (name,)) for name in CASES] + [
+    ("errors", "conformance.emulation.replay:replay_recorded_errors", ()),
+    ("megatron", "tests.test_emulation_fidelity:megatron_style_round_trip", ()),
+    ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", ()),
 ]
+MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_trip", ())]
 
 
 # ------------------------------------------------------------------------------------------ rank side
-def _rank_main(rank: int, store_path: str, out_dir: str, jobs: list) -> None:
+def _rank_main(
+    rank: int, store_path: str, out_dir: str, jobs: list, world_size: int, ranks_per_node: int
+) -> None:
     torch.set_num_threads(1)
-    os.environ['LOCAL_WORLD_SIZE'] = str(WORLD_SIZE)
-    store = dist.FileStore(store_path, WORLD_SIZE)
-    dist.init_process_group('gloo', store=store, rank=rank, world_size=WORLD_SIZE)
+    os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     results = {}
     for name, target, args in jobs:
-        module, func = target.split(':')
+        module, func = target.split(":")
         checked: list[str] = []
         try:
             fn = getattr(importlib.import_module(module), func)
-            kwargs = {'checked': checked} if module.endswith('replay') else {}
-            results[name] = {'mismatches': fn(*args, **kwargs), 'checked': checked}
+            kwargs = {"checked": checked} if module.endswith("replay") else {}
+            results[name] = {"mismatches": fn(*args, **kwargs), "checked": checked}
         except Exception:  # noqa: BLE001 - reported to the controller
-            results[name] = {'exception': traceback.format_exc(), 'checked': checked}
-    Path(out_dir, f'rank{rank}.pkl').write_bytes(pickle.dumps(results))
+            results[name] = {"exception": traceback.format_exc(), "checked": checked}
+    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
     dist.destroy_process_group()
 
 
 def megatron_style_round_trip() -> dict:
-    """Megatron ``fused_a2a``-style calls (V1 Buffer, EventOverlap from ``deep_ep.utils``); {} when correct."""
+    """Megatron ``fused_a2a``-style calls (V1 Buffer, ``deep_ep.utils.EventOverlap``); {} when correct."""
     import conformance.emulation as deep_ep
     from conformance.emulation.utils import EventHandle, EventOverlap
 
@@ -68,61 +73,183 @@ def megatron_style_round_trip() -> dict:
     problems = {}
     for async_finish in (False, True):
         buffer = deep_ep.Buffer(group, 0, 0)
-        for config in (deep_ep.Buffer.get_dispatch_config(group.size()),
-                       deep_ep.Buffer.get_combine_config(group.size())):
+        for config in (
+            deep_ep.Buffer.get_dispatch_config(group.size()),
+            deep_ep.Buffer.get_combine_config(group.size()),
+        ):
             assert config.get_nvl_buffer_size_hint(hidden * 2, group.size()) > 0
         previous_event = EventOverlap(EventHandle()) if async_finish else None
         per_rank, per_rdma, per_expert, in_rank, event = buffer.get_dispatch_layout(
-            token_indices, num_experts, previous_event=previous_event, async_finish=async_finish,
-            allocate_on_comm_stream=False)
+            token_indices,
+            num_experts,
+            previous_event=previous_event,
+            async_finish=async_finish,
+            allocate_on_comm_stream=False,
+        )
         recv_x, recv_idx, recv_probs, counts, handle, after = buffer.dispatch(
-            x, topk_idx=token_indices, topk_weights=token_probs, num_tokens_per_rank=per_rank,
-            num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            previous_event=event, async_finish=async_finish, allocate_on_comm_stream=False)
+            x,
+            topk_idx=token_indices,
+            topk_weights=token_probs,
+            num_tokens_per_rank=per_rank,
+            num_tokens_per_rdma_rank=per_rdma,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            previous_event=event,
+            async_finish=async_finish,
+            allocate_on_comm_stream=False,
+        )
         if async_finish:
             after.current_stream_wait()
         tokens_per_expert = torch.tensor(counts)
         if int(tokens_per_expert.sum()) != int((recv_idx >= 0).sum()):
-            problems[f'{async_finish}.counts'] = 'num_recv_tokens_per_expert_list disagrees with recv_topk_idx'
-        combined, _, after = buffer.combine(recv_x, handle=handle, async_finish=async_finish,
-                                            previous_event=EventOverlap(EventHandle()) if async_finish else None,
-                                            allocate_on_comm_stream=False)
+            problems[f"{async_finish}.counts"] = (
+                "num_recv_tokens_per_expert_list disagrees with recv_topk_idx"
+            )
+        combined, _, after = buffer.combine(
+            recv_x,
+            handle=handle,
+            async_finish=async_finish,
+            previous_event=EventOverlap(EventHandle()) if async_finish else None,
+            allocate_on_comm_stream=False,
+        )
         if async_finish:
             after.current_stream_wait()
         reached = in_rank.sum(1, keepdim=True).to(torch.float32)
         if not torch.equal(combined.float(), x.float() * reached):
-            problems[f'{async_finish}.combine'] = 'combine(dispatch(x)) != x * number of ranks reached'
-        grad_x, _, _, _, _, after = buffer.dispatch(combined.contiguous(), handle=handle, async_finish=async_finish)
+            problems[f"{async_finish}.combine"] = "combine(dispatch(x)) != x * number of ranks reached"
+        grad_x, _, _, _, _, after = buffer.dispatch(
+            combined.contiguous(), handle=handle, async_finish=async_finish
+        )
         with after:
             pass
         if not torch.equal(grad_x, buffer.dispatch(combined, handle=handle)[0]):
-            problems[f'{async_finish}.cached'] = 'cached dispatch is not deterministic'
+            problems[f"{async_finish}.cached"] = "cached dispatch is not deterministic"
         grad, grad_probs, _ = buffer.combine(recv_x, handle, topk_weights=recv_probs.float())
         if not torch.equal(grad_probs, token_probs * (token_indices >= 0)):
-            problems[f'{async_finish}.probs'] = 'combined probabilities differ from the dispatched ones'
+            problems[f"{async_finish}.probs"] = "combined probabilities differ from the dispatched ones"
     deep_ep.Buffer.set_num_sms(20)
     return problems
 
 
+def bad_input_on_one_rank() -> dict:
+    """Too many tokens / out-of-range experts on rank 0 only: every rank raises, then a valid call works."""
+    import conformance.emulation as deep_ep
+
+    group = dist.group.WORLD
+    rank = group.rank()
+    problems = {}
+    v2 = deep_ep.ElasticBuffer(group, num_max_tokens_per_rank=16, hidden=256, num_topk=2)
+    v1 = deep_ep.Buffer(group)
+    x = torch.ones(8, 256, dtype=torch.bfloat16)
+    idx = torch.tensor([[0, 5]] * 8)
+    w = torch.ones(8, 2)
+    bad_rows = 32 if rank == 0 else 8
+    bad_calls = {
+        "v2_too_many_tokens": lambda: v2.dispatch(
+            torch.ones(bad_rows, 256, dtype=torch.bfloat16),
+            torch.tensor([[0, 5]] * bad_rows),
+            torch.ones(bad_rows, 2),
+            num_experts=8,
+        ),
+        "v2_expert_out_of_range": lambda: v2.dispatch(x, idx + (8 if rank == 0 else 0), w, num_experts=8),
+        "v1_expert_out_of_range": lambda: v1.get_dispatch_layout(idx + (8 if rank == 0 else 0), 8),
+        "v2_too_many_qps": lambda: v2.dispatch(x, idx, w, num_experts=8, num_qps=10_000),
+    }
+    for name, call in bad_calls.items():
+        try:
+            call()
+            problems[name] = "no exception"
+        except (ValueError, RuntimeError, AssertionError):
+            pass
+        recv_x, recv_idx, _, handle, _ = v2.dispatch(x, idx, w, num_experts=8)
+        if recv_x.shape[0] != 16:  # every token reaches both ranks (experts 0 and 5)
+            problems[f"{name}.next_call"] = f"unexpected {recv_x.shape[0]} rows after the refused call"
+    return problems
+
+
+def two_node_round_trip() -> dict:
+    """4 ranks as 2 nodes x 2: V1 internode and V2 hybrid dispatch/combine round trips are exact."""
+    import conformance.emulation as deep_ep
+
+    group = dist.group.WORLD
+    rank = group.rank()
+    problems = {}
+    gen = torch.Generator().manual_seed(rank)
+    num_tokens, num_experts, hidden = 10, 8, 256
+    x = torch.randint(-8, 8, (num_tokens, hidden), generator=gen).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(num_experts, generator=gen)[:3] for _ in range(num_tokens)])
+    w = torch.rand(num_tokens, 3, generator=gen)
+    reached = deep_ep.Buffer(group)._topo  # noqa: SLF001 - sanity of the topology
+    if (reached.num_nodes, reached.ranks_per_node) != (2, 2):
+        problems["topology"] = f"{reached}"
+    v1 = deep_ep.Buffer(group)
+    per_rank, per_rdma, per_expert, in_rank, _ = v1.get_dispatch_layout(idx, num_experts)
+    if per_rdma is None or per_rdma.shape != (2,):
+        problems["v1.num_tokens_per_rdma_rank"] = repr(per_rdma)
+    recv_x, recv_idx, recv_w, counts, handle, _ = v1.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_rdma,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
+    if len(handle) != 10:
+        problems["v1.handle"] = f"internode handle has {len(handle)} entries"
+    combined, combined_w, _ = v1.combine(recv_x, handle, topk_weights=recv_w)
+    expected = x.float() * in_rank.sum(1, keepdim=True)
+    if not torch.equal(combined.float(), expected):
+        problems["v1.combine"] = "round trip differs"
+    if not torch.allclose(combined_w, w):
+        problems["v1.combined_weights"] = "differ"
+    if not torch.equal(v1.dispatch(x, handle=handle)[0], recv_x):
+        problems["v1.cached"] = "differs"
+    for hybrid in (True, False):
+        v2 = deep_ep.ElasticBuffer(
+            group, num_max_tokens_per_rank=16, hidden=hidden, num_topk=3, allow_hybrid_mode=hybrid
+        )
+        if v2.get_logical_domain_size() != (
+            (2, 2) if hybrid else (1, 4)
+        ) or v2.get_physical_domain_size() != (2, 2):
+            problems[f"v2.{hybrid}.domains"] = (
+                f"{v2.get_logical_domain_size()} {v2.get_physical_domain_size()}"
+            )
+        rx, ri, rw, h, _ = v2.dispatch(x, idx, w, num_experts=num_experts)
+        if int(h.psum_num_recv_tokens_per_scaleup_rank[-1]) != rx.shape[0]:
+            problems[f"v2.{hybrid}.psum"] = "last scale-up prefix sum != received tokens"
+        cx, cw, _ = v2.combine(rx, h, topk_weights=rw)
+        if not torch.equal(cx.float(), expected):
+            problems[f"v2.{hybrid}.combine"] = "round trip differs"
+        if not torch.equal(cw, w):
+            problems[f"v2.{hybrid}.combined_weights"] = "differ"
+    return problems
+
+
 # ------------------------------------------------------------------------------------ controller side
-def _run_world(jobs: list) -> list[dict]:
+def _run_world(jobs: list, world_size: int = WORLD_SIZE, ranks_per_node: int = WORLD_SIZE) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_rank_main, args=(os.path.join(tmp, 'store'), tmp, jobs), nprocs=WORLD_SIZE,
-                                 start_method='spawn', join=False)
+        ctx = mp.start_processes(
+            _rank_main,
+            args=(os.path.join(tmp, "store"), tmp, jobs, world_size, ranks_per_node),
+            nprocs=world_size,
+            start_method="spawn",
+            join=False,
+        )
         deadline = time.monotonic() + TIMEOUT_S
         try:
             while not ctx.join(timeout=1):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f'emulation fidelity world did not finish in {TIMEOUT_S}s')
+                    raise TimeoutError(f"emulation fidelity world did not finish in {TIMEOUT_S}s")
         finally:
             for proc in ctx.processes:
                 if proc.is_alive():
                     proc.kill()
                     proc.join(5)
-        return [pickle.loads(Path(tmp, f'rank{r}.pkl').read_bytes()) for r in range(WORLD_SIZE)]
+        return [pickle.loads(Path(tmp, f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
 
 
-@pytest.fixture(scope='module')
+@pytest.fixture(scope="module")
 def world_results() -> list[dict]:
     return _run_world(JOBS)
 
@@ -131,23 +258,34 @@ def _assert_clean(world_results: list[dict], name: str) -> None:
     __tracebackhide__ = True
     for rank, results in enumerate(world_results):
         res = results[name]
-        assert 'exception' not in res, f'rank {rank} raised in {name}:\n{res["exception"]}'
-        assert res['checked'] or name == 'megatron', f'rank {rank}: nothing was checked in {name}'
-        assert not res['mismatches'], f'rank {rank} {name}: ' + '\n'.join(
-            f'  {k}: {v}' for k, v in res['mismatches'].items())
+        assert "exception" not in res, f"rank {rank} raised in {name}:\n{res['exception']}"
+        assert res["checked"] or not name.startswith(("case:", "errors")), (
+            f"rank {rank}: nothing checked in {name}"
+        )
+        assert not res["mismatches"], f"rank {rank} {name}: " + "\n".join(
+            f"  {k}: {v}" for k, v in res["mismatches"].items()
+        )
 
 
-@pytest.mark.parametrize('case', CASES)
+@pytest.mark.parametrize("case", CASES)
 def test_recorded_case_matches_byte_for_byte(world_results: list[dict], case: str) -> None:
-    _assert_clean(world_results, f'case:{case}')
+    _assert_clean(world_results, f"case:{case}")
 
 
 def test_recorded_errors_match(world_results: list[dict]) -> None:
-    _assert_clean(world_results, 'errors')
+    _assert_clean(world_results, "errors")
 
 
 def test_megatron_style_integrator_runs_unchanged(world_results: list[dict]) -> None:
-    _assert_clean(world_results, 'megatron')
+    _assert_clean(world_results, "megatron")
+
+
+def test_bad_input_on_one_rank_raises_everywhere_without_hang(world_results: list[dict]) -> None:
+    _assert_clean(world_results, "robustness")
+
+
+def test_two_nodes_internode_and_hybrid_round_trip() -> None:
+    _assert_clean(_run_world(MULTI_NODE_JOBS, world_size=4, ranks_per_node=2), "multinode")
 
 
 def test_import_surface() -> None:
@@ -157,7 +295,7 @@ def test_import_surface() -> None:
 
     assert FromUtils is FromEvent is deep_ep.EventOverlap
     assert deep_ep.topk_idx_t is torch.int64
-    for name in ('Buffer', 'ElasticBuffer', 'EPHandle', 'EventHandle', 'Config'):
+    for name in ("Buffer", "ElasticBuffer", "EPHandle", "EventHandle", "Config"):
         assert hasattr(deep_ep, name)
-    with pytest.raises(AssertionError, match='The SM count must be even'):
+    with pytest.raises(AssertionError, match="The SM count must be even"):
         deep_ep.Buffer.set_num_sms(21)

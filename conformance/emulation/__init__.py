@@ -4,6 +4,7 @@ Drop-in usage: ``import conformance.emulation as deep_ep``.  Runs over any ``tor
 process group (gloo with CPU tensors, NCCL with CUDA tensors) and reproduces the real library's
 recorded outputs (``fixtures/deepep-real``).  See ``DIVERGENCES.md`` for every deliberate difference.
 """
+
 import torch
 
 from . import utils
@@ -13,8 +14,17 @@ from .legacy import Buffer
 from .utils.event import EventHandle, EventOverlap
 
 topk_idx_t = torch.int64
-__version__ = '2.1.0+emulation'
+__version__ = "2.1.0+emulation"
 IS_EMULATION = True
 
-__all__ = ['Buffer', 'ElasticBuffer', 'EPHandle', 'EventOverlap', 'EventHandle', 'Config', 'topk_idx_t', 'utils',
-           'IS_EMULATION']
+__all__ = [
+    "Buffer",
+    "ElasticBuffer",
+    "EPHandle",
+    "EventOverlap",
+    "EventHandle",
+    "Config",
+    "topk_idx_t",
+    "utils",
+    "IS_EMULATION",
+]

@@ -3,6 +3,7 @@
 Every payload travels as raw bytes (``uint8``), so NaN bit patterns, -0.0 and +-Inf survive and any dtype
 (bfloat16, float8) is supported by every backend.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,9 @@ def all_gather_ints(group: dist.ProcessGroup, values: Sequence[int], device: tor
     return torch.stack(gathered).cpu()
 
 
-def preflight(group: dist.ProcessGroup, device: torch.device, num_rows: int,
-              error: str | None, what: str) -> list[int]:
+def preflight(
+    group: dist.ProcessGroup, device: torch.device, num_rows: int, error: str | None, what: str
+) -> list[int]:
     """Exchange each rank's row count and local validation verdict.
 
     Raises ``ValueError(error)`` on the rank that found the problem and ``PeerRefused`` on the others,
@@ -39,12 +41,16 @@ def preflight(group: dist.ProcessGroup, device: torch.device, num_rows: int,
         raise ValueError(error)
     bad = [r for r in range(group.size()) if int(table[r, 1]) != 0]
     if bad:
-        raise PeerRefused(f'{what}: rank(s) {bad} refused their input (see the exception on those ranks); '
-                          f'nothing was communicated')
+        raise PeerRefused(
+            f"{what}: rank(s) {bad} refused their input (see the exception on those ranks); "
+            f"nothing was communicated"
+        )
     return [int(v) for v in table[:, 0]]
 
 
-def all_gather_rows(group: dist.ProcessGroup, tensor: torch.Tensor, counts: Sequence[int]) -> list[torch.Tensor]:
+def all_gather_rows(
+    group: dist.ProcessGroup, tensor: torch.Tensor, counts: Sequence[int]
+) -> list[torch.Tensor]:
     """All-gather a tensor whose first dimension differs between ranks.
 
     Arguments:
@@ -60,8 +66,9 @@ def all_gather_rows(group: dist.ProcessGroup, tensor: torch.Tensor, counts: Sequ
     row_bytes = row_elems * tensor.element_size()
     local = torch.zeros((max_rows, max(row_bytes, 1)), dtype=torch.uint8, device=tensor.device)
     if tensor.shape[0] > 0 and row_bytes > 0:
-        local[:tensor.shape[0], :row_bytes] = tensor.contiguous().reshape(tensor.shape[0], row_elems) \
-            .view(torch.uint8)
+        local[: tensor.shape[0], :row_bytes] = (
+            tensor.contiguous().reshape(tensor.shape[0], row_elems).view(torch.uint8)
+        )
     gathered = [torch.empty_like(local) for _ in range(group.size())]
     dist.all_gather(gathered, local, group=group)
     result = []

@@ -1,4 +1,5 @@
 """Token movement between ranks, built on ``_comm.all_gather_rows`` (the emulation's 'network')."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -22,8 +23,12 @@ class Received:
     gathered: dict[str, list[torch.Tensor]]  # every rank's full input, per field
 
 
-def gather_selected(group: dist.ProcessGroup, counts: Sequence[int], fields: Fields,
-                    selector: Callable[[int, dict[str, torch.Tensor]], torch.Tensor]) -> Received:
+def gather_selected(
+    group: dist.ProcessGroup,
+    counts: Sequence[int],
+    fields: Fields,
+    selector: Callable[[int, dict[str, torch.Tensor]], torch.Tensor],
+) -> Received:
     """All-gather ``fields`` (row-aligned tensors, ``None`` allowed if ``None`` on every rank) and keep the
     rows ``selector(source_rank, that rank's fields)`` (a bool mask) picks, in source-rank order."""
     gathered: dict[str, list[torch.Tensor]] = {}
@@ -46,10 +51,11 @@ def gather_selected(group: dist.ProcessGroup, counts: Sequence[int], fields: Fie
     return Received(torch.cat(src_rank), torch.cat(src_token), out_fields, gathered)
 
 
-def return_to_sources(group: dist.ProcessGroup, device: torch.device, dst_rank: torch.Tensor,
-                      fields: Fields) -> list[dict[str, torch.Tensor]]:
+def return_to_sources(
+    group: dist.ProcessGroup, device: torch.device, dst_rank: torch.Tensor, fields: Fields
+) -> list[dict[str, torch.Tensor]]:
     """Send each row to ``dst_rank[row]``; returns, per source rank in order, the rows addressed to me."""
-    counts = _comm.preflight(group, device, int(dst_rank.numel()), None, 'combine')
+    counts = _comm.preflight(group, device, int(dst_rank.numel()), None, "combine")
     dst_parts = _comm.all_gather_rows(group, dst_rank.to(torch.int64), counts)
     parts = {name: _comm.all_gather_rows(group, t, counts) for name, t in fields.items() if t is not None}
     me = group.rank()

@@ -4,13 +4,15 @@ Every function here is side-effect free (except ``rewrite_send_head_for_combine`
 in-place kernel) and is looked up through this module by the buffer classes, so a mutation test can
 monkeypatch any single one of them (``monkeypatch.setattr(_route, 'combine_reduce', mutant)``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import torch
 
-#: ``send_head`` value the real ``cached_notify_combine`` uses when no later token of the channel reached the rank.
+#: ``send_head`` base the real ``cached_notify_combine`` uses when no later token of the channel
+#: reached the rank.
 SEND_HEAD_SENTINEL = 1 << 25
 
 
@@ -21,8 +23,11 @@ def align_up(value: int, alignment: int) -> int:
 
 def expert_owner(topk_idx: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
     """Rank owning each selected expert (``-1`` where no expert is selected)."""
-    return torch.where(topk_idx >= 0, torch.div(topk_idx, experts_per_rank, rounding_mode='floor'),
-                       torch.full_like(topk_idx, -1))
+    return torch.where(
+        topk_idx >= 0,
+        torch.div(topk_idx, experts_per_rank, rounding_mode="floor"),
+        torch.full_like(topk_idx, -1),
+    )
 
 
 def token_in_rank(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> torch.Tensor:
@@ -32,24 +37,30 @@ def token_in_rank(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> t
     return (owner.unsqueeze(-1) == ranks).any(dim=1)
 
 
-def compute_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int) \
-        -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+def compute_layout(
+    topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """The legacy ``get_dispatch_layout`` result.
 
     Returns:
         num_tokens_per_rank ``[num_ranks]`` int32, num_tokens_per_rdma_rank ``[num_nodes]`` int32 or ``None``
-        on one node, num_tokens_per_expert ``[num_experts]`` int32, is_token_in_rank ``[num_tokens, num_ranks]``.
+        on one node, num_tokens_per_expert ``[num_experts]`` int32,
+        is_token_in_rank ``[num_tokens, num_ranks]``.
     """
     in_rank = token_in_rank(topk_idx, num_experts, num_ranks)
     per_rank = in_rank.sum(dim=0).to(torch.int32)
     valid = topk_idx[topk_idx >= 0]
-    per_expert = torch.bincount(valid, minlength=num_experts).to(torch.int32) if valid.numel() else \
-        torch.zeros(num_experts, dtype=torch.int32, device=topk_idx.device)
+    per_expert = (
+        torch.bincount(valid, minlength=num_experts).to(torch.int32)
+        if valid.numel()
+        else torch.zeros(num_experts, dtype=torch.int32, device=topk_idx.device)
+    )
     per_rdma = None
     num_nodes = num_ranks // ranks_per_node
     if num_nodes > 1:
-        per_rdma = in_rank.reshape(in_rank.shape[0], num_nodes, ranks_per_node).any(dim=2).sum(dim=0) \
-            .to(torch.int32)
+        per_rdma = (
+            in_rank.reshape(in_rank.shape[0], num_nodes, ranks_per_node).any(dim=2).sum(dim=0).to(torch.int32)
+        )
     return per_rank, per_rdma, per_expert, in_rank
 
 
@@ -129,8 +140,12 @@ def rewrite_send_head_for_combine(head: torch.Tensor, num_channels: int) -> torc
     return head
 
 
-def receive_order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
-                  group_key: torch.Tensor | None = None) -> torch.Tensor:
+def receive_order(
+    src_ranks: torch.Tensor,
+    src_tokens: torch.Tensor,
+    num_max_tokens_per_rank: int,
+    group_key: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Permutation putting received tokens in (group_key, source rank, source token) order."""
     key = src_ranks.to(torch.int64) * num_max_tokens_per_rank + src_tokens.to(torch.int64)
     if group_key is not None:
@@ -142,12 +157,16 @@ def last_slot_on_rank(topk_idx: torch.Tensor, rank: int, experts_per_rank: int) 
     """Index of the last top-k slot whose expert lives on ``rank`` (``-1`` if none)."""
     on_rank = expert_owner(topk_idx, experts_per_rank) == rank
     k = torch.arange(topk_idx.shape[1], device=topk_idx.device).expand_as(topk_idx)
-    return torch.where(on_rank, k, torch.full_like(k, -1)).max(dim=1).values if topk_idx.shape[1] else \
-        torch.full((topk_idx.shape[0],), -1, dtype=torch.int64, device=topk_idx.device)
+    return (
+        torch.where(on_rank, k, torch.full_like(k, -1)).max(dim=1).values
+        if topk_idx.shape[1]
+        else torch.full((topk_idx.shape[0],), -1, dtype=torch.int64, device=topk_idx.device)
+    )
 
 
-def dst_buffer_slots(topk_idx: torch.Tensor, rank: int, num_ranks: int, experts_per_rank: int,
-                     num_max_tokens_per_rank: int) -> torch.Tensor:
+def dst_buffer_slots(
+    topk_idx: torch.Tensor, rank: int, num_ranks: int, experts_per_rank: int, num_max_tokens_per_rank: int
+) -> torch.Tensor:
     """Sender-side ``dst_buffer_slot_idx`` ``[num_tokens, num_topk]`` int32.
 
     At the last slot pointing at each destination rank: ``rank * num_max_tokens_per_rank + position of the
@@ -163,8 +182,9 @@ def dst_buffer_slots(topk_idx: torch.Tensor, rank: int, num_ranks: int, experts_
     return out
 
 
-def expand_layout(recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int) \
-        -> tuple[torch.Tensor, list[int], list[int]]:
+def expand_layout(
+    recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int
+) -> tuple[torch.Tensor, list[int], list[int]]:
     """Expanded (one row per (token, local expert slot)) layout, experts contiguous, aligned starts.
 
     Within an expert, rows follow the received-token order, then slot order.
@@ -190,8 +210,14 @@ def expand_layout(recv_topk_idx: torch.Tensor, num_local_experts: int, alignment
     return slots, raw, starts
 
 
-def combine_reduce(num_tokens: int, hidden: int, contributions: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                   bias: Sequence[torch.Tensor], out_dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def combine_reduce(
+    num_tokens: int,
+    hidden: int,
+    contributions: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    bias: Sequence[torch.Tensor],
+    out_dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
     """Sum contributions in float32 (bias first, then contributions in the given order), round once.
 
     Arguments:
@@ -207,10 +233,14 @@ def combine_reduce(num_tokens: int, hidden: int, contributions: Sequence[tuple[t
     return acc.to(out_dtype)
 
 
-def combine_reduce_two_level(num_tokens: int, hidden: int,
-                             groups: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
-                             bias: Sequence[torch.Tensor], out_dtype: torch.dtype,
-                             device: torch.device) -> torch.Tensor:
+def combine_reduce_two_level(
+    num_tokens: int,
+    hidden: int,
+    groups: Sequence[Sequence[tuple[torch.Tensor, torch.Tensor]]],
+    bias: Sequence[torch.Tensor],
+    out_dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:
     """Hierarchical (hybrid V2) reduction: each group (one scale-out node's contributions) is summed in
     float32 and rounded to ``out_dtype`` (the forwarder's payload), then the partial sums plus bias are
     summed in float32 and rounded once more."""

@@ -5,6 +5,7 @@ links of 26.5625 GB/s read by ``nvidia-smi nvlink -s``, times the library's 0.9 
 (430.3125 GB/s), and a 400 Gb/s (50 GB/s) RDMA NIC.  With these the real formula gives 22 SMs for two
 ranks with 8 or 16 experts, which is what the recordings show.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,22 +24,22 @@ def align(value: int, alignment: int) -> int:
 
 def nvlink_gbs() -> float:
     """NVLink bandwidth stand-in (override with ``DEEP_EP_EMULATION_NVLINK_GBS``)."""
-    return float(os.environ.get('DEEP_EP_EMULATION_NVLINK_GBS', H200_NVLINK_GBS))
+    return float(os.environ.get("DEEP_EP_EMULATION_NVLINK_GBS", H200_NVLINK_GBS))
 
 
 def rdma_gbs() -> float:
     """RDMA bandwidth stand-in (override with ``DEEP_EP_EMULATION_RDMA_GBS``)."""
-    return float(os.environ.get('DEEP_EP_EMULATION_RDMA_GBS', DEFAULT_RDMA_GBS))
+    return float(os.environ.get("DEEP_EP_EMULATION_RDMA_GBS", DEFAULT_RDMA_GBS))
 
 
 def device_num_sms() -> int:
     """SM count stand-in (override with ``DEEP_EP_EMULATION_NUM_SMS``)."""
-    return int(os.environ.get('DEEP_EP_EMULATION_NUM_SMS', H200_NUM_SMS))
+    return int(os.environ.get("DEEP_EP_EMULATION_NUM_SMS", H200_NUM_SMS))
 
 
 def fast_rdma_atomics() -> bool:
-    """Whether to model a NIC with fast RDMA atomics (``DEEP_EP_EMULATION_FAST_RDMA_ATOMICS=1``); default no."""
-    return os.environ.get('DEEP_EP_EMULATION_FAST_RDMA_ATOMICS', '0') == '1'
+    """Whether to model fast RDMA atomics (``DEEP_EP_EMULATION_FAST_RDMA_ATOMICS=1``); default no."""
+    return os.environ.get("DEEP_EP_EMULATION_FAST_RDMA_ATOMICS", "0") == "1"
 
 
 def auto_num_allocated_qps(allow_hybrid_mode: bool) -> int:
@@ -56,11 +57,21 @@ def theoretical_num_qps(num_sms: int, allow_hybrid_mode: bool, num_allocated_qps
     return min(num_qps, num_allocated_qps)
 
 
-def theoretical_num_sms(num_experts: int, num_topk: int, num_ranks: int, num_scaleout_ranks: int,
-                        num_scaleup_ranks: int, num_rdma_ranks: int, num_nvlink_ranks: int,
-                        prefer_overlap_with_compute: bool, num_scaleout_topk: int = 0,
-                        rdma_bw: float = 0, nvlink_bw: float = 0,
-                        sm_read_gbs: float = 200, sm_write_gbs: float = 50) -> int:
+def theoretical_num_sms(
+    num_experts: int,
+    num_topk: int,
+    num_ranks: int,
+    num_scaleout_ranks: int,
+    num_scaleup_ranks: int,
+    num_rdma_ranks: int,
+    num_nvlink_ranks: int,
+    prefer_overlap_with_compute: bool,
+    num_scaleout_topk: int = 0,
+    rdma_bw: float = 0,
+    nvlink_bw: float = 0,
+    sm_read_gbs: float = 200,
+    sm_write_gbs: float = 50,
+) -> int:
     """The real bandwidth model (balanced gate): even SM count, at least 4, at most the device's."""
     assert num_scaleout_topk == 0
     if rdma_bw == 0 and num_rdma_ranks > 1:
@@ -97,15 +108,23 @@ def theoretical_num_sms(num_experts: int, num_topk: int, num_ranks: int, num_sca
     num_device_sms = device_num_sms()
     num_sms: float = num_device_sms
     if bounded_traffic > 0:
-        num_sms = max(bounded_gbs / bounded_traffic * sm_read / sm_read_gbs,
-                      bounded_gbs / bounded_traffic * sm_write / sm_write_gbs)
+        num_sms = max(
+            bounded_gbs / bounded_traffic * sm_read / sm_read_gbs,
+            bounded_gbs / bounded_traffic * sm_write / sm_write_gbs,
+        )
     result = align(max(4, math.ceil(num_sms * 1.25)), 2)
     result = result if prefer_overlap_with_compute else max(result, 64)
     return min(result, num_device_sms)
 
 
-def buffer_size_hint(num_ranks: int, num_scaleout_ranks: int, num_max_tokens_per_rank: int, hidden: int,
-                     num_topk: int, use_fp8_dispatch: bool) -> int:
+def buffer_size_hint(
+    num_ranks: int,
+    num_scaleout_ranks: int,
+    num_max_tokens_per_rank: int,
+    hidden: int,
+    num_topk: int,
+    use_fp8_dispatch: bool,
+) -> int:
     """Approximate V2 buffer size: a receive slot per (rank, token) (plus send and forward buffers in
     hybrid mode), 2 MiB aligned.  Matches the one recorded value (4 MiB for 2 ranks, 128 x 7168, top-8)."""
     token_bytes = hidden * (1 if use_fp8_dispatch else 2) + (hidden // 128 * 4 if use_fp8_dispatch else 0)

@@ -1,4 +1,5 @@
 """Node topology of a process group, with torchrun semantics (``LOCAL_WORLD_SIZE``)."""
+
 from __future__ import annotations
 
 import os
@@ -32,11 +33,13 @@ class Topology:
 
 
 def get_topology(group: dist.ProcessGroup) -> Topology:
-    """Build the topology of ``group``; ``LOCAL_WORLD_SIZE`` (default: the whole group) gives ranks per node."""
+    """Topology of ``group``; ``LOCAL_WORLD_SIZE`` (default: the whole group) gives ranks per node."""
     num_ranks = group.size()
-    ranks_per_node = int(os.environ.get('LOCAL_WORLD_SIZE', num_ranks) or num_ranks)
+    ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE", num_ranks) or num_ranks)
     ranks_per_node = max(1, min(ranks_per_node, num_ranks))
     if num_ranks % ranks_per_node != 0:
-        raise RuntimeError(f'deep_ep emulation: group size {num_ranks} is not a multiple of '
-                           f'LOCAL_WORLD_SIZE={ranks_per_node}')
+        raise RuntimeError(
+            f"deep_ep emulation: group size {num_ranks} is not a multiple of "
+            f"LOCAL_WORLD_SIZE={ranks_per_node}"
+        )
     return Topology(group.rank(), num_ranks, ranks_per_node)

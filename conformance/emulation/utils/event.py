@@ -4,6 +4,7 @@ On CPU every emulated kernel runs synchronously on the calling thread, so an eve
 soon as it is captured and waiting on it is a no-op.  On CUDA tensors a real ``torch.cuda.Event`` is
 recorded on the current stream and waiting makes the current stream wait on it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,8 +23,9 @@ class EventHandle:
 
     def __init__(self, device: torch.device | None = None) -> None:
         self._cuda_event = None
-        use_cuda = (device is not None and torch.device(device).type == 'cuda') or \
-            (device is None and torch.cuda.is_available() and torch.cuda.is_initialized())
+        use_cuda = (device is not None and torch.device(device).type == "cuda") or (
+            device is None and torch.cuda.is_available() and torch.cuda.is_initialized()
+        )
         if use_cuda:
             self._cuda_event = torch.cuda.Event()
             self._cuda_event.record(torch.cuda.current_stream())
@@ -46,8 +48,9 @@ class EventOverlap:
         extra_tensors: tensors kept alive until the event is waited on (like ``record_stream``).
     """
 
-    def __init__(self, event: EventHandle | None = None,
-                 extra_tensors: tuple[torch.Tensor, ...] | None = None) -> None:
+    def __init__(
+        self, event: EventHandle | None = None, extra_tensors: tuple[torch.Tensor, ...] | None = None
+    ) -> None:
         self.event = event
         self.extra_tensors = extra_tensors
         self._release_handle_by_call = False
@@ -75,7 +78,7 @@ class EventOverlap:
 
     def register_hook_after_wait(self, hook_after_wait: Callable) -> None:
         """Register a callable run right after the next ``current_stream_wait()``."""
-        assert self.hook_after_wait is None, 'A hook is already registered on this `EventOverlap`'
+        assert self.hook_after_wait is None, "A hook is already registered on this `EventOverlap`"
         self.hook_after_wait = hook_after_wait
 
     def __call__(self, release_handle: bool = False) -> EventOverlap:
