@@ -354,3 +354,31 @@ def replay_recorded_errors(
     recv_x = v2.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)[0]
     chk.eq("v2_usable_after_errors.num_rows", recv_x.shape[0], case["v2"]["recv_x"].shape[0])
     return chk.mismatches
+
+
+def main() -> int:
+    """Replay every recording under ``torchrun --nproc_per_node 2 -m conformance.emulation.replay``.
+
+    Uses NCCL with CUDA tensors when GPUs are visible, else gloo with CPU tensors; exit status 1 on any
+    mismatch.
+    """
+    use_cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if use_cuda else "gloo")
+    device: torch.device | str = "cpu"
+    if use_cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+    checked: list[str] = []
+    failures: Mismatches = {}
+    for name in recorded_case_names():
+        failures.update(replay_recorded_case(name, device=device, checked=checked))
+    failures.update(replay_recorded_errors(device=device, checked=checked))
+    print(f"rank {dist.get_rank()} on {device}: {len(checked)} fields checked, {len(failures)} mismatches")
+    for key, problem in failures.items():
+        print(f"  {key}: {problem}")
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
