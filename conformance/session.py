@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
 from conformance.config import RunConfig
 from conformance.example import Example
-from conformance.tasks import TaskSettings
+from conformance.tasks.settings import TaskSettings
 from conformance.world import World
 
 
@@ -42,7 +44,17 @@ class Session:
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.recorder = Recorder()
+        self.mutant = config.mutant
         self._world: World | None = None
+
+    @contextlib.contextmanager
+    def planted(self, mutant: str | None) -> Iterator[None]:
+        """Run with ``mutant`` planted in the ranks (self-tests); the world is reused."""
+        previous, self.mutant = self.mutant, mutant
+        try:
+            yield
+        finally:
+            self.mutant = previous
 
     @property
     def world(self) -> World:
@@ -62,7 +74,7 @@ class Session:
     @property
     def settings(self) -> TaskSettings:
         """Task settings for the ranks."""
-        return TaskSettings(tuple(b.name for b in self.config.backends), self.config.mutant)
+        return TaskSettings(tuple(b.name for b in self.config.backends), self.mutant)
 
     def run(self, target: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Run a rank task with the per-example timeout; per-rank results."""
@@ -82,7 +94,7 @@ class Session:
         self, example: Example, options: DispatchOptions = DispatchOptions()
     ) -> list[dict[str, DispatchView | Unsupported]]:
         """Every rank's dispatch views, one per backend."""
-        return self.run("conformance.tasks:dispatch_views", example, options)
+        return self.run("conformance.tasks.dispatch:dispatch_views", example, options)
 
     def record_unsupported(self, item: Unsupported, example: Example) -> None:
         """Remember that a backend rejected a configuration (reported as ``unsupported``)."""

@@ -32,11 +32,7 @@ def examples(
     """Examples for a world of ``world_size`` ranks."""
     num_max = draw(st.sampled_from(max_tokens), label="num_max_tokens_per_rank")
     tokens = draw(
-        st.lists(
-            st.one_of(st.integers(0, min(num_max, 32)), st.integers(0, num_max), st.just(num_max)),
-            min_size=world_size,
-            max_size=world_size,
-        ),
+        st.lists(st.integers(0, num_max), min_size=world_size, max_size=world_size),
         label="tokens_per_rank",
     )
     experts_per_rank = draw(st.integers(1, MAX_EXPERTS_PER_RANK), label="experts_per_rank")

@@ -27,3 +27,32 @@ def run_suite(args: list[str], report_dir: Path, timeout: float = 600) -> tuple[
 def suite(tmp_path: Path):
     """Callable running the suite with its reports in a temporary directory."""
     return lambda *args, **kw: run_suite(list(args), tmp_path / "reports", **kw)
+
+
+@pytest.fixture(scope="session")
+def emulated_session():
+    """A session on a 1-node x 2-rank CPU world over the emulated V1 and V2 (shared by meta-tests)."""
+    from conformance import config as run_config
+    from conformance.backends.spec import parse_backends
+    from conformance.config import RunConfig
+    from conformance.session import Session
+    from conformance.world import WorldShape
+
+    config = RunConfig(WorldShape(1, 2), tuple(parse_backends("emulated", False)), "cpu", 120.0)
+    run_config.set_active(config)
+    session = Session(config)
+    yield session
+    session.close()
+
+
+@pytest.fixture(scope="session")
+def two_node_session():
+    """A session on a 2-node x 2-rank CPU world (internode paths) over the emulated V1 and V2."""
+    from conformance.backends.spec import parse_backends
+    from conformance.config import RunConfig
+    from conformance.session import Session
+    from conformance.world import WorldShape
+
+    session = Session(RunConfig(WorldShape(2, 2), tuple(parse_backends("emulated", False)), "cpu", 120.0))
+    yield session
+    session.close()

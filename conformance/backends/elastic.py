@@ -101,6 +101,37 @@ class ElasticAdapter:
                 "psum_num_recv_tokens_per_expert": handle.psum_num_recv_tokens_per_expert.cpu(),
                 "num_unaligned_recv_tokens_per_expert": handle.num_unaligned_recv_tokens_per_expert.cpu(),
                 "num_recv_tokens": int(handle.num_recv_tokens),
+                "recv_src_metadata": handle.recv_src_metadata.cpu(),
+                "num_sms": handle.num_sms,
             },
         )
-        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}
+        return view, {"handle": handle, "buffer": buffer, "recv_x": recv_x, "recv_topk_weights": recv_w}
+
+    def combine(
+        self,
+        raw: dict[str, Any],
+        x: torch.Tensor,
+        topk_weights: torch.Tensor | None = None,
+        bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        async_finish: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``ElasticBuffer.combine`` with ``num_sms=0``: the SM count of the dispatch handle is reused."""
+        combined_x, combined_w, event = raw["buffer"].combine(
+            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0, async_with_compute_stream=async_finish
+        )
+        if async_finish:
+            event.current_stream_wait()
+        return combined_x, combined_w
+
+    def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+        """Cached dispatch as production calls it: ``num_experts`` passed explicitly.
+
+        (Without ``num_experts`` and with ``num_sms=0`` the real DeepEP 2.1.0 raises a TypeError: the SM
+        count is computed before ``num_experts`` is read from the handle.  P12 covers that defect.)
+        """
+        handle = raw["handle"]
+        return raw["buffer"].dispatch(x, handle=handle, num_experts=handle.num_experts)[0]
+
+    def describe_combine(self, example: Example, rank: int) -> str:
+        """The combine call, as failure messages show it."""
+        return f"ElasticBuffer.combine(x, handle, topk_weights, num_sms=0, hidden={example.hidden}) on rank {rank}"

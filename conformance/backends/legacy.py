@@ -95,3 +95,27 @@ class LegacyAdapter:
             extras={"num_tokens_per_expert": num_per_expert.cpu(), "num_tokens_per_rank": num_per_rank.cpu()},
         )
         return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}
+
+    def combine(
+        self,
+        raw: dict[str, Any],
+        x: torch.Tensor,
+        topk_weights: torch.Tensor | None = None,
+        bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
+        async_finish: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``Buffer.combine`` of expert outputs ``x`` (rows as received) back to their source ranks."""
+        combined_x, combined_w, event = self.buffer.combine(
+            x, raw["handle"], topk_weights=topk_weights, bias=bias, async_finish=async_finish
+        )
+        if async_finish:
+            event.current_stream_wait()
+        return combined_x, combined_w
+
+    def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+        """``Buffer.dispatch(x, handle=handle)``: same layout, new payload."""
+        return self.buffer.dispatch(x, handle=raw["handle"])[0]
+
+    def describe_combine(self, example: Example, rank: int) -> str:
+        """The combine call, as failure messages show it."""
+        return f"Buffer.combine(x, handle, topk_weights, hidden={example.hidden}) on rank {rank}"

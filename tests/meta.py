@@ -1,0 +1,64 @@
+"""Helpers for meta-tests: show a property fails on a planted defect and holds without it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import strategies as st
+
+from conformance.example import Example
+from conformance.session import Session
+
+#: Generous budget for finding a killing example; mutants are planted to be findable well within it.
+FIND_SETTINGS = settings(
+    max_examples=60, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
+    suppress_health_check=list(HealthCheck),
+)
+
+
+def fails(session: Session, property_id: str, example: Example, mutant: str | None) -> str | None:
+    """The failure message of ``property_id`` on ``example`` with ``mutant`` planted, or ``None`` if it holds."""
+    with session.planted(mutant):
+        try:
+            session.check(property_id, example)
+        except AssertionError as failure:
+            return str(failure)
+    return None
+
+
+def assert_caught(
+    session: Session, property_id: str, mutant: str, strategy: st.SearchStrategy[Example]
+) -> tuple[Example, str]:
+    """Find (and shrink) an example on which ``property_id`` fails with ``mutant`` planted.
+
+    Also checks the property holds on that very example without the mutant, so the failure is the mutant's.
+    Returns the shrunk example and the failure message.
+    """
+    example = find(strategy, lambda ex: fails(session, property_id, ex, mutant) is not None, settings=FIND_SETTINGS)
+    message = fails(session, property_id, example, mutant)
+    assert message is not None
+    clean = fails(session, property_id, example, None)
+    assert clean is None, f"{property_id} fails without the mutant on {example}: {clean}"
+    return example, message
+
+
+def assert_holds(session: Session, property_id: str, examples: list[Example], mutant: str | None = None) -> None:
+    """``property_id`` holds on every example (optionally with a benign mutant planted)."""
+    for example in examples:
+        message = fails(session, property_id, example, mutant)
+        assert message is None, f"{property_id} failed on {example}: {message}"
+
+
+def sample(strategy: st.SearchStrategy[Any], n: int) -> list[Any]:
+    """``n`` deterministic draws from ``strategy`` (for checking a property holds)."""
+    out: list[Any] = []
+
+    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.generate], derandomize=True)
+    @given(strategy)
+    def collect(value: Any) -> None:
+        out.append(value)
+
+    collect()
+    return out[:n]

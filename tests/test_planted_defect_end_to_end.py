@@ -1,0 +1,45 @@
+"""End to end: the main job on a planted defect fails, with a shrunk counterexample and a reproduction line."""
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_main_job_reports_a_planted_defect(suite) -> None:
+    proc, report = suite("conformance/properties/test_p01_payloads.py", "--nodes", "2", "--max-examples", "30",
+                         "--mutant", "flip-one-byte", "--conformance-seed", "1")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    (entry,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
+    assert entry["status"] == "failed"
+    assert sum(entry["counterexample"]["tokens_per_rank"]) == 1, entry["counterexample"]
+    assert "recv_x[rank 3, expert" in entry["message"] and "src (" in entry["message"]
+    assert report["summary"]["failed"] == 1
+    assert report["environment"]["backends"][0]["real"] is False
+    # The reproduction line replays the same failure outside pytest.
+    repro = entry["repro"].split(" ", 3)
+    assert repro[:3] == ["python", "-m", "conformance.repro"]
+    replay = subprocess.run([sys.executable, "-m", "conformance.repro", *_split(repro[3])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert replay.returncode == 1 and "bytes differ" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_main_job_passes_and_writes_the_report(suite) -> None:
+    proc, report = suite("-n", "2", "--nodes", "2", "--max-examples", "10")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert report["summary"]["failed"] == 0 and report["summary"]["total"] >= 1
+    env = report["environment"]
+    assert (env["nodes"], env["ranks_per_node"], env["device"]) == (2, 2, "cpu")
+    assert isinstance(env["seed"], int) and env["torch"]
+    for entry in report["properties"]:
+        assert set(entry) >= {"id", "test", "backends", "status", "examples", "wall_s", "counterexample", "repro",
+                              "message"}
+        assert entry["examples"] > 0, entry
+    json.dumps(report)
+
+
+def _split(text: str) -> list[str]:
+    import shlex
+
+    return shlex.split(text)
