@@ -14,10 +14,9 @@ import sys
 from conformance import config as run_config
 from conformance.backends.probe import real_deep_ep_available
 from conformance.backends.spec import parse_backends
-from conformance.checks import CHECKS
+from conformance.checks import CASE_TYPES, CHECKS
 from conformance.config import RunConfig
 from conformance.devices import visible_gpus
-from conformance.example import Example
 from conformance.session import Session
 from conformance.world import WorldShape
 
@@ -26,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the check once, print the verdict."""
     parser = argparse.ArgumentParser(prog="python -m conformance.repro", description=__doc__.split("\n\n")[0])
     parser.add_argument("property", choices=sorted(CHECKS), metavar="PROPERTY", help="e.g. P1-per-expert-payloads")
-    parser.add_argument("example", help="the example as JSON (from a report or a failure message)")
+    parser.add_argument("example", help="the example (case) as JSON, from a report or a failure message")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--ranks-per-node", type=int, default=2)
     parser.add_argument("--backends", default="auto")
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutant", default=None)
     args = parser.parse_args(argv)
     try:
-        example = Example.from_json(args.example)
+        example = CASE_TYPES[args.property].from_json(args.example)
         example.validate()
         backends = parse_backends(args.backends, real_deep_ep_available())
     except (ValueError, TypeError) as exc:

@@ -21,7 +21,7 @@ class Recorder:
 
     property_id: str | None = None
     examples: int = 0
-    last_example: Example | None = None
+    last_example: Any = None  # an Example or another case type (see conformance.checks.registry)
     divergences: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
@@ -80,7 +80,7 @@ class Session:
         """Run a rank task with the per-example timeout; per-rank results."""
         return self.world.run(target, self.settings, *args, timeout=self.config.example_timeout_s, **kwargs)
 
-    def check(self, property_id: str, example: Example) -> None:
+    def check(self, property_id: str, example: Any) -> None:
         """Run the registered check of ``property_id`` on ``example`` (the body of every property test)."""
         from conformance.checks import CHECKS
 

@@ -8,10 +8,10 @@ The same checks back the pytest property tests and ``python -m conformance.repro
 import importlib
 import pkgutil
 
-from conformance.checks.registry import CHECKS, register
+from conformance.checks.registry import CASE_TYPES, CHECKS, register
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name[0] == "p" and _module.name[1:3].isdigit():
         importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CHECKS", "register"]
+__all__ = ["CASE_TYPES", "CHECKS", "register"]
