@@ -4,26 +4,20 @@ Every recorded case is replayed on a 2-rank gloo world (CPU) and every recorded 
 byte (``conformance.emulation.replay``); the recorded errors are re-triggered; a Megatron-style integrator
 (``fused_a2a.py``) runs unchanged against ``import conformance.emulation as deep_ep``.
 
-The world is a small local harness (spawned processes + FileStore); it can be swapped for
-``conformance.world.World`` (``world.run('module:function', ...)``) without touching the rank functions.
+The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU).
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import pickle
-import tempfile
-import time
 import traceback
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from conformance.emulation import replay
+from conformance.world import World, WorldShape
 
 WORLD_SIZE = 2
 TIMEOUT_S = 120
@@ -37,13 +31,8 @@ MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_t
 
 
 # ------------------------------------------------------------------------------------------ rank side
-def _rank_main(
-    rank: int, store_path: str, out_dir: str, jobs: list, world_size: int, ranks_per_node: int
-) -> None:
-    torch.set_num_threads(1)
-    os.environ["LOCAL_WORLD_SIZE"] = str(ranks_per_node)
-    store = dist.FileStore(store_path, world_size)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+def run_jobs(jobs: list) -> dict:
+    """Rank task: run every job, collecting mismatches (or the exception) and the fields checked."""
     results = {}
     for name, target, args in jobs:
         module, func = target.split(":")
@@ -54,8 +43,7 @@ def _rank_main(
             results[name] = {"mismatches": fn(*args, **kwargs), "checked": checked}
         except Exception:  # noqa: BLE001 - reported to the controller
             results[name] = {"exception": traceback.format_exc(), "checked": checked}
-    Path(out_dir, f"rank{rank}.pkl").write_bytes(pickle.dumps(results))
-    dist.destroy_process_group()
+    return results
 
 
 def megatron_style_round_trip() -> dict:
@@ -228,25 +216,8 @@ def two_node_round_trip() -> dict:
 
 # ------------------------------------------------------------------------------------ controller side
 def _run_world(jobs: list, world_size: int = WORLD_SIZE, ranks_per_node: int = WORLD_SIZE) -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            _rank_main,
-            args=(os.path.join(tmp, "store"), tmp, jobs, world_size, ranks_per_node),
-            nprocs=world_size,
-            start_method="spawn",
-            join=False,
-        )
-        deadline = time.monotonic() + TIMEOUT_S
-        try:
-            while not ctx.join(timeout=1):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"emulation fidelity world did not finish in {TIMEOUT_S}s")
-        finally:
-            for proc in ctx.processes:
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(5)
-        return [pickle.loads(Path(tmp, f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
+    with World(WorldShape(world_size // ranks_per_node, ranks_per_node)) as world:
+        return world.run("tests.test_emulation_fidelity:run_jobs", jobs, timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
