@@ -61,6 +61,7 @@ class LegacyAdapter:
         num_per_rank, num_per_rdma, num_per_expert, in_rank, _ = buffer.get_dispatch_layout(
             inputs.topk_idx, example.num_experts
         )
+        previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
             inputs.x,
             num_tokens_per_rank=num_per_rank,
@@ -71,6 +72,8 @@ class LegacyAdapter:
             topk_weights=inputs.topk_weights,
             expert_alignment=example.expert_alignment,
             async_finish=options.async_finish,
+            previous_event=previous,
+            allocate_on_comm_stream=previous is not None,
         )
         if options.async_finish:
             event.current_stream_wait()
@@ -92,7 +95,11 @@ class LegacyAdapter:
             topk_idx=recv_idx.to(torch.int64).cpu(),
             topk_weights=recv_w.cpu(),
             num_recv_tokens_per_expert=list(counts),
-            extras={"num_tokens_per_expert": num_per_expert.cpu(), "num_tokens_per_rank": num_per_rank.cpu()},
+            extras={
+                "num_tokens_per_expert": num_per_expert.cpu(),
+                "num_tokens_per_rank": num_per_rank.cpu(),
+                "is_token_in_rank": in_rank.cpu(),
+            },
         )
         return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}
 

@@ -6,6 +6,26 @@ purpose: it defines the contract, so it must be easy to read and hard to get wro
 """
 
 from conformance.oracle.combine import expected_combine, expected_round_trip
+from conformance.oracle.counts import (
+    expected_aligned_counts,
+    expected_layout,
+    expected_psum_per_expert,
+    expected_raw_counts,
+    expected_recv_topk_idx,
+    expected_tokens_per_source_rank,
+)
 from conformance.oracle.receipts import Receipts, expected_receipts, expected_received_tokens
 
-__all__ = ["Receipts", "expected_combine", "expected_receipts", "expected_received_tokens", "expected_round_trip"]
+__all__ = [
+    "Receipts",
+    "expected_aligned_counts",
+    "expected_layout",
+    "expected_psum_per_expert",
+    "expected_raw_counts",
+    "expected_recv_topk_idx",
+    "expected_tokens_per_source_rank",
+    "expected_combine",
+    "expected_receipts",
+    "expected_received_tokens",
+    "expected_round_trip",
+]
