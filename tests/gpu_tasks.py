@@ -1,0 +1,20 @@
+"""Rank tasks for the GPU world self-test."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def gpu_identity() -> dict:
+    """Which GPU this rank sees, and the process group backend."""
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device_count": torch.cuda.device_count(),
+        "uuid": str(getattr(props, "uuid", props.name)),
+        "backend": dist.get_backend(),
+        "nvls": os.environ.get("NCCL_NVLS_ENABLE"),
+    }

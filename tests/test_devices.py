@@ -1,0 +1,64 @@
+"""GPU partitioning under xdist, and the GPU world (run on a GPU machine; skipped, with the reason, elsewhere)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from conformance.devices import gpu_slice, max_gpu_workers, visible_gpus
+from conformance.plugin import GPU_RANK_ENV
+from conformance.world import World, WorldShape
+from tests.conftest import ROOT
+
+needs_two_gpus = pytest.mark.skipif(len(visible_gpus()) < 2, reason="needs 2 GPUs (run on the accelerator machine)")
+
+
+def test_worker_slices_are_disjoint_and_never_oversubscribe() -> None:
+    gpus = [str(i) for i in range(8)]
+    slices = [gpu_slice(gpus, worker, 2) for worker in range(4)]
+    assert slices == [("0", "1"), ("2", "3"), ("4", "5"), ("6", "7")]
+    assert gpu_slice(gpus, 4, 2) == ()  # a 5th worker would get nothing: World refuses it (test_world)
+    assert gpu_slice(["3", "5", "7"], 0, 2) == ("3", "5")  # respects the parent's CUDA_VISIBLE_DEVICES
+
+
+def test_max_workers_follow_visible_gpus(monkeypatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert max_gpu_workers(2) == 4 and max_gpu_workers(4) == 2 and max_gpu_workers(8) == 1
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert max_gpu_workers(2) == 1
+
+
+def test_pytest_process_never_initialises_cuda() -> None:
+    code = (
+        "import sys, pytest, torch\n"
+        "rc = pytest.main(['-q', '-p', 'no:cacheprovider', '--max-examples', '3', '--report-dir', sys.argv[1],\n"
+        "                  'conformance/properties/test_p01_payloads.py'])\n"
+        "assert not torch.cuda.is_initialized(), 'the pytest process initialised CUDA'\n"
+        "sys.exit(int(rc))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, "/tmp/conformance-cuda-init-check"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@needs_two_gpus
+def test_gpu_world_gives_each_rank_its_own_gpu_over_nccl() -> None:
+    gpus = tuple(visible_gpus()[:2])
+    with World(WorldShape(1, 2), device="cuda", gpu_ids=gpus, env=dict(GPU_RANK_ENV)) as world:
+        ranks = world.run("tests.gpu_tasks:gpu_identity", timeout=120)
+    assert [r["visible"] for r in ranks] == list(gpus)
+    assert all(r["device_count"] == 1 and r["backend"] == "nccl" and r["nvls"] == "0" for r in ranks)
+    assert len({r["uuid"] for r in ranks}) == 2, "two ranks share a GPU"
+
+
+@needs_two_gpus
+def test_xdist_auto_uses_one_worker_per_gpu_slice(tmp_path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "auto", "--nodes", "1", "--ranks-per-node", "2", "--max-examples", "3",
+         "-p", "no:cacheprovider", f"--report-dir={tmp_path}", "conformance/properties/test_p01_payloads.py"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert f"created: {max_gpu_workers(2)}/{max_gpu_workers(2)} worker" in proc.stdout, proc.stdout[-2000:]
