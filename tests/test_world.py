@@ -71,3 +71,29 @@ def test_hang_times_out_with_stacks(world: World) -> None:
 def test_cuda_world_without_gpus_is_refused_clearly() -> None:
     with pytest.raises(WorldError, match="needs 2 GPUs"):
         World(WorldShape(1, 2), device="cuda", gpu_ids=())
+
+
+def test_no_rank_outlives_a_killed_controller(tmp_path) -> None:
+    """SIGKILL the controller (no cleanup code runs): its ranks still die (PDEATHSIG / parent watchdog)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = (
+        "import sys, time\n"
+        "from conformance.world import World, WorldShape\n"
+        "w = World(WorldShape(1, 2)); w.start()\n"
+        "print(' '.join(map(str, w.pids())), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2 and all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "rank processes outlived their killed controller"
