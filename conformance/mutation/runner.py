@@ -1,0 +1,138 @@
+"""The mutation engine: plant each mutant in the emulated backends and run the property catalog on it.
+
+For every (mutant, property) pair, Hypothesis draws up to ``max_examples`` cases from the very strategy
+the property test uses (generate phase only, no shrinking, seeded, no database) and the property's
+registered check runs on each until one fails.  A failure is an ``AssertionError`` from the check or a
+rank failure (a rank raised, hung past the example timeout, or died).  Each failure is replayed once
+without the mutant: only if the property then holds is the failure the mutant's (a kill).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from conformance.mutation.killmatrix import mutant_entry, property_outcome
+from conformance.mutation.registry import Mutant
+from conformance.session import Session
+from conformance.world import RankFailure
+
+#: What counts as a property failing on an example.
+FAILURES = (AssertionError, RankFailure)
+_MESSAGE_CHARS = 600
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How hard each property tries: examples per property and the seed of every draw."""
+
+    max_examples: int
+    seed: int
+
+
+def load_catalog() -> tuple[dict[str, st.SearchStrategy[Any]], dict[str, str]]:
+    """Like ``conformance.properties.support.load_catalog`` but a property module that fails to import does
+    not stop the others: returns (property id -> strategy, module -> import error)."""
+    import conformance.properties as package
+    from conformance.properties.support import STRATEGIES
+
+    broken = {}
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name.startswith("test_"):
+            name = f"{package.__name__}.{module.name}"
+            try:
+                importlib.import_module(name)
+            except Exception as exc:  # reported; the rest of the catalog still runs
+                broken[name] = f"{type(exc).__name__}: {exc}"
+    return dict(STRATEGIES), broken
+
+
+def first_failure(
+    session: Session, property_id: str, strategy: st.SearchStrategy[Any], budget: Budget
+) -> tuple[int, Any, Exception | None]:
+    """Run ``property_id`` on up to ``budget.max_examples`` draws; stop at the first failing one.
+
+    Returns ``(examples run, failing case or None, exception or None)``.  Any exception stops the draws
+    (the caller tells failures from check crashes).
+    """
+    state: dict[str, Any] = {"examples": 0, "case": None, "error": None}
+
+    @settings(max_examples=budget.max_examples, phases=[Phase.generate], database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), derandomize=False)
+    @seed(budget.seed)
+    @given(case=strategy)
+    def draw(case: Any) -> None:
+        if state["error"] is not None:
+            return  # already failed: let Hypothesis run out its remaining (cheap) draws
+        state["examples"] += 1
+        try:
+            session.check(property_id, case)
+        except Exception as exc:  # classified by the caller
+            state.update(case=case, error=exc)
+
+    draw()
+    return state["examples"], state["case"], state["error"]
+
+
+def short_message(exc: BaseException) -> str:
+    """A one-paragraph failure message (rank failures: headline plus each culprit's last line)."""
+    if isinstance(exc, RankFailure):
+        lines = [str(exc).splitlines()[0]]
+        for rank in exc.culprits:
+            tail = [line for line in exc.per_rank.get(rank, "").splitlines() if line.strip()]
+            lines.append(f"rank {rank}: {tail[-1].strip() if tail else '?'}")
+        text = f"{type(exc).__name__}: " + "; ".join(lines)
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
+
+
+def run_property(
+    session: Session, property_id: str, strategy: st.SearchStrategy[Any], budget: Budget
+) -> dict:
+    """One cell of the kill matrix for the mutant planted in ``session`` (see ``killmatrix.OUTCOMES``)."""
+    examples, case, error = first_failure(session, property_id, strategy, budget)
+    if error is None:
+        return property_outcome("held", examples)
+    case_json = case.to_json() if hasattr(case, "to_json") else repr(case)
+    if not isinstance(error, FAILURES):
+        return property_outcome("error", examples, short_message(error), case_json)
+    with session.planted(None):
+        try:
+            session.check(property_id, case)
+        except Exception as clean:  # any failure without the mutant means "not the mutant's"
+            message = f"{short_message(error)} [without the mutant: {short_message(clean)}]"
+            return property_outcome("unattributed", examples, message, case_json)
+    return property_outcome("killed", examples, short_message(error), case_json)
+
+
+def run_mutant(
+    session: Session, mutant: Mutant, catalog: dict[str, st.SearchStrategy[Any]], budget: Budget
+) -> dict:
+    """Plant ``mutant`` and run every property of ``catalog`` on it; one kill-matrix entry."""
+    started = time.monotonic()
+    with session.planted(mutant.name):
+        cells = {pid: run_property(session, pid, strategy, budget) for pid, strategy in catalog.items()}
+    return mutant_entry(mutant.name, mutant.kind, mutant.description, cells, time.monotonic() - started)
+
+
+def run_mutants(
+    session: Session,
+    mutants: list[Mutant],
+    catalog: dict[str, st.SearchStrategy[Any]],
+    budget: Budget,
+    on_entry: Callable[[dict], None] = lambda entry: None,
+) -> list[dict]:
+    """Run every mutant in turn on one session (the world is reused); ``on_entry`` sees each row."""
+    entries = []
+    for mutant in mutants:
+        entries.append(run_mutant(session, mutant, catalog, budget))
+        on_entry(entries[-1])
+    return entries
