@@ -121,5 +121,6 @@ def summary_lines(summary: dict) -> list[str]:
     lines += [f"SURVIVOR (harmful, no property failed): {name}" for name in summary["survivors"]]
     lines += [f"FALSE ALARM (benign, a property failed): {name}" for name in summary["false_alarms"]]
     lines += [f"UNATTRIBUTED (fails without the mutant too): {item}" for item in summary["unattributed"]]
-    lines += [f"ERROR (the check itself crashed): {item}" for item in summary["errors"]]
+    lines += [f"ERROR (suite bug: a check crashed, or a property module does not import): {item}"
+              for item in summary["errors"]]
     return lines
