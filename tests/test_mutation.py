@@ -18,8 +18,8 @@ from conformance.canonical import receipts_from_view
 from conformance.example import Example
 from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
 from conformance.mutation.killmatrix import exit_status, mutant_entry, property_outcome, summarize
-from conformance.mutation.runner import Budget, first_failure, run_property
-from conformance.world import RankTimeout
+from conformance.mutation.runner import Budget, first_failure, run_property, short_message
+from conformance.world import RankRaised, RankTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
 P1 = "P1-per-expert-payloads"
@@ -141,6 +141,16 @@ def test_run_property_classifies_failures() -> None:
     assert run_property(FakeSession(crash), "P", INTS, budget)["outcome"] == "error"
     never = _fails_when(lambda case, mutant: False)
     assert run_property(FakeSession(never), "P", INTS, budget) == property_outcome("held", 20)
+
+
+def test_short_message_names_where_a_rank_hung_and_what_a_rank_raised() -> None:
+    stacks = ('Thread 0x1 (most recent call first):\n  File "rank.py", line 94 in watch\n\n'
+              'Current thread 0x2 (most recent call first):\n  File "payloads.py", line 9 in mutate\n'
+              '  File "patching.py", line 50 in after\n')
+    hung = short_message(RankTimeout("dispatch_views", {1: stacks, 0: "waiting"}, culprits=[1]))
+    assert hung.startswith("RankTimeout: dispatch_views: timed out") and 'hung at File "payloads.py"' in hung
+    raised = short_message(RankRaised("dispatch_views", {0: "Traceback ...\n  ...\nValueError: bad ids\n"}))
+    assert raised.endswith("rank 0: ValueError: bad ids")
 
 
 # ----------------------------------------------------------------------------------- kill matrix

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from conformance.mutation.killmatrix import mutant_entry, property_outcome
 from conformance.mutation.registry import Mutant
 from conformance.session import Session
-from conformance.world import RankFailure
+from conformance.world import RankFailure, RankTimeout
 
 #: What counts as a property failing on an example.
 FAILURES = (AssertionError, RankFailure)
@@ -86,8 +86,13 @@ def short_message(exc: BaseException) -> str:
     if isinstance(exc, RankFailure):
         lines = [str(exc).splitlines()[0]]
         for rank in exc.culprits:
-            tail = [line for line in exc.per_rank.get(rank, "").splitlines() if line.strip()]
-            lines.append(f"rank {rank}: {tail[-1].strip() if tail else '?'}")
+            text = [line.strip() for line in exc.per_rank.get(rank, "").splitlines() if line.strip()]
+            if isinstance(exc, RankTimeout):  # faulthandler stacks, innermost frame first; the task's thread
+                current = next((i for i, line in enumerate(text) if line.startswith("Current thread")), 0)
+                frames = [line for line in text[current:] if line.startswith("File ")]
+                lines.append(f"rank {rank} hung at {frames[0] if frames else '?'}")
+            else:  # a traceback or a log tail: the last line says what happened
+                lines.append(f"rank {rank}: {text[-1] if text else '?'}")
         text = f"{type(exc).__name__}: " + "; ".join(lines)
     else:
         text = f"{type(exc).__name__}: {exc}"
