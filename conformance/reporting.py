@@ -42,6 +42,7 @@ class PropertyEntry:
     message: str | None = None
     divergences: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, Any] = field(default_factory=dict)
 
 
 def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
@@ -68,6 +69,7 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         wall_s=recorded["wall_s"],
         divergences=recorded["divergences"],
         unsupported=recorded["unsupported"],
+        artifacts=recorded.get("artifacts", {}),
     )
     if report.failed:
         entry.message = _failure_message(report)

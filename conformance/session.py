@@ -24,6 +24,7 @@ class Recorder:
     last_example: Any = None  # an Example or another case type (see conformance.checks.registry)
     divergences: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    artifacts: dict[str, Any] = field(default_factory=dict)  # JSON-able snapshots attached to the report
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -34,6 +35,7 @@ class Recorder:
             "last_example": self.last_example.to_json() if self.last_example else None,
             "divergences": self.divergences,
             "unsupported": self.unsupported,
+            "artifacts": self.artifacts,
             "wall_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -102,6 +104,10 @@ class Session:
             item.backend, {"call": item.call, "error": item.error, "count": 0, "example": example.to_json()}
         )
         entry["count"] += 1
+
+    def record_artifact(self, key: str, value: Any) -> None:
+        """Attach a JSON-able artifact (e.g. an API-surface snapshot) to the property's report entry."""
+        self.recorder.artifacts[key] = value
 
     def record_divergence(self, key: str, message: str) -> None:
         """Remember a documented behavioural divergence (reported as ``divergence``, not a failure)."""

@@ -73,6 +73,7 @@ class ElasticAdapter:
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
         """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
         buffer = self.buffer(example, options.deterministic)
+        previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
             inputs.x,
             topk_idx=inputs.topk_idx,
@@ -81,6 +82,8 @@ class ElasticAdapter:
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             expert_alignment=example.expert_alignment,
             async_with_compute_stream=options.async_finish,
+            previous_event=previous,
+            allocate_on_comm_stream=previous is not None,  # V2 refuses previous_event otherwise
             do_expand=options.do_expand,
         )
         if options.async_finish:

@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 from . import _checks, _comm, _exchange, _route, _sizing
 from ._topology import get_topology
-from .utils.event import EventHandle, EventOverlap
+from .utils.event import EventHandle, EventOverlap, async_outputs
 
 XType = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
 Bias = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
@@ -107,6 +107,8 @@ class ElasticBuffer:
         self.explicitly_destroy = explicitly_destroy
         self.runtime: object | None = object()
         self._sm_cache: dict[tuple, int] = {}
+        #: Emulation-only, documented in DIVERGENCES.md: the SM/QP counts of the last dispatch/combine launch.
+        self.last_launch: dict[str, object] | None = None
         self.num_scaleout_ranks, self.num_scaleup_ranks = self.get_logical_domain_size()
         self.scaleout_rank_idx = self.rank_idx // self.num_scaleup_ranks
         self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
@@ -224,6 +226,7 @@ class ElasticBuffer:
         raise AttributeError(name)
 
     # ----------------------------------------------------------------------------------------- dispatch
+    @async_outputs("async_with_compute_stream", 3)
     def dispatch(
         self,
         x: XType,
@@ -255,6 +258,7 @@ class ElasticBuffer:
         num_sms = self.get_theoretical_num_sms(num_experts, num_topk) if num_sms == 0 else num_sms
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
         assert num_qps <= self.num_allocated_qps, "Allocated QPs are not enough"
+        self.last_launch = {"op": "dispatch", "num_sms": num_sms, "num_qps": num_qps}
 
         x, sf = x if isinstance(x, tuple) else (x, None)
         if handle is not None:
@@ -424,6 +428,7 @@ class ElasticBuffer:
         return plan
 
     # ------------------------------------------------------------------------------------------ combine
+    @async_outputs("async_with_compute_stream", 2)
     def combine(
         self,
         x: torch.Tensor,
@@ -445,6 +450,7 @@ class ElasticBuffer:
         num_sms = handle.num_sms if num_sms == 0 else num_sms
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
         assert num_qps <= self.num_allocated_qps, "Allocated QPs are not enough"
+        self.last_launch = {"op": "combine", "num_sms": num_sms, "num_qps": num_qps}
         biases: list[torch.Tensor] = []
         if isinstance(bias, torch.Tensor):
             biases = [bias]

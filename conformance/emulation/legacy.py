@@ -8,7 +8,7 @@ import torch.distributed as dist
 from . import _checks, _comm, _exchange, _route
 from ._topology import get_topology
 from .config import Config
-from .utils.event import EventHandle, EventOverlap
+from .utils.event import EventHandle, EventOverlap, async_outputs
 
 Bias = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
@@ -188,6 +188,7 @@ class Buffer:
         return per_rank, per_rdma, per_expert, in_rank, EventOverlap(_event(topk_idx.device, async_finish))
 
     # ---------------------------------------------------------------------------------------- dispatch
+    @async_outputs("async_finish", 3)
     def dispatch(
         self,
         x: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
@@ -368,6 +369,7 @@ class Buffer:
         )
 
     # ----------------------------------------------------------------------------------------- combine
+    @async_outputs("async_finish", 2)
     def combine(
         self,
         x: torch.Tensor,

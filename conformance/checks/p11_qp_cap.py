@@ -1,0 +1,152 @@
+"""P11 QP cap: the automatic cap, the theoretical QP count under it, over-asking refused before any
+communication, combine reusing the dispatch's SM count, and the pinned ``num_max_tokens_per_rank``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+from conformance.checks.assert_errors import (
+    Raised,
+    assert_raised_everywhere,
+    assert_tensor_bytes_equal,
+    assert_view_matches_oracle,
+    recorded_errors,
+)
+from conformance.checks.registry import register
+from conformance.example import Example
+
+#: The automatic caps (``num_allocated_qps=0``): 129 in hybrid mode (recorded on DeepEP 2.1.0, H200;
+#: 65 where fast RDMA atomics exist), 17 with ``allow_hybrid_mode=False`` (deep_ep/buffers/elastic.py).
+AUTO_QPS_HYBRID = 129
+AUTO_QPS_HYBRID_FAST_ATOMICS = 65
+AUTO_QPS_DIRECT = 17
+OVER_QPS = "v2_too_many_qps"
+
+
+@dataclass(frozen=True)
+class QpCase:
+    """An example plus how P11 calls V2 with it.
+
+    Attributes:
+        example: the routing/payload scenario.
+        num_sms: explicit dispatch SM count (0 = automatic); combine then passes ``num_sms=0``.
+        over_qps: how many QPs above ``num_allocated_qps`` the over-asking dispatch requests.
+        over_tokens: how many tokens above the pinned maximum the offending rank sends.
+        offender: the rank that sends too many tokens and disagrees in the preflight test.
+    """
+
+    example: Example
+    num_sms: int = 0
+    over_qps: int = 1
+    over_tokens: int = 1
+    offender: int = 0
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the case is written for."""
+        return self.example.world_size
+
+    def to_json(self) -> str:
+        """One-line JSON (the example nested as an object)."""
+        fields = dataclasses.asdict(self)
+        return json.dumps(fields, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> QpCase:
+        """Inverse of :meth:`to_json`."""
+        fields = json.loads(text)
+        fields["example"] = Example.from_json(json.dumps(fields["example"]))
+        return cls(**fields)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the case is valid."""
+        self.example.validate()
+        if self.num_sms < 0 or self.num_sms % 2:
+            raise ValueError(f"num_sms={self.num_sms} must be 0 or a positive even count")
+        if self.over_qps < 1 or self.over_tokens < 1 or not 0 <= self.offender < self.world_size:
+            raise ValueError(f"over_qps/over_tokens must be >= 1 and offender a rank: {self}")
+
+
+def _check_caps(got: dict, backend: str, rank: int) -> None:
+    __tracebackhide__ = True
+    for mode, allowed in (("hybrid", (AUTO_QPS_HYBRID, AUTO_QPS_HYBRID_FAST_ATOMICS)), ("direct", (AUTO_QPS_DIRECT,))):
+        cap = got[mode]["num_allocated_qps"]
+        call = f"{backend} ElasticBuffer(num_allocated_qps=0, allow_hybrid_mode={mode == 'hybrid'}) on rank {rank}"
+        if cap not in allowed:
+            raise AssertionError(f"num_allocated_qps = {cap}, expected the automatic cap {allowed[0]} [{call}]")
+        for num_sms, qps in got[mode]["theoretical"].items():
+            if not 1 <= qps <= cap:
+                raise AssertionError(
+                    f"get_theoretical_num_qps(num_sms={num_sms}) = {qps}, expected within 1..{cap} "
+                    f"(num_allocated_qps) [{call}]"
+                )
+
+
+@register("P11-qp-cap", case=QpCase)
+def check_qp_cap(session, case: QpCase) -> None:  # noqa: ANN001 - conformance.session.Session
+    """Automatic caps (129 hybrid / 17 direct) bound every theoretical QP count (even SM counts 2..132);
+    over-asking QPs raises 'Allocated QPs are not enough' on every rank before any collective and the next
+    dispatch is correct; combine with ``num_sms=0`` uses the handle's SM count (same bytes as passing it);
+    too many tokens are refused on every rank and the next dispatch is correct; the preflight names the
+    ranks that disagree on ``num_max_tokens_per_rank``."""
+    __tracebackhide__ = True
+    example = case.example
+    per_rank = session.run("conformance.tasks.qp:qp_results", case)
+    for backend in per_rank[0]:
+        results = [ranks[backend] for ranks in per_rank]
+        for rank, got in enumerate(results):
+            _check_caps(got, backend, rank)
+            verdict = got["preflight_disagree"]
+            others = [r for r in range(case.world_size) if r != case.offender]
+            pinned = example.num_max_tokens_per_rank
+            expected_holders = {v: r for v, r in ((pinned, others), (pinned + 1, [case.offender])) if r}
+            if verdict is None or verdict[1] != expected_holders:
+                raise AssertionError(
+                    f"preflight on rank {rank} reported {verdict!r}, expected a mismatch naming {expected_holders} "
+                    f"[conformance.preflight.check_pinned_max(num_max_tokens_per_rank) with rank {case.offender} "
+                    f"holding {example.num_max_tokens_per_rank + 1}]"
+                )
+
+        over_type, over_message = recorded_errors()[OVER_QPS]
+        call = f"{backend} ElasticBuffer.dispatch(..., num_qps=num_allocated_qps + {case.over_qps})"
+        assert_raised_everywhere([got["over_qps"][0] for got in results], expected_type=over_type,
+                                 expected_message=over_message, call=call)
+        for rank, got in enumerate(results):
+            if got["over_qps"][1]:
+                raise AssertionError(f"rank {rank} ran collectives {got['over_qps'][1]} before refusing [{call}]")
+            assert_view_matches_oracle(session, example, rank, got["after_over_qps"], after="the refused num_qps")
+
+        for rank, got in enumerate(results):
+            call = (f"{backend} ElasticBuffer.combine(x, handle, num_sms=0) after dispatch(num_sms={case.num_sms}) "
+                    f"on rank {rank}")
+            if "combine_error" in got:
+                if example.hidden != 128:  # the one known V2 combine limit (conformance.backends.limits)
+                    raise AssertionError(f"combine raised {got['combine_error']} [{call}]")
+                continue
+            if case.num_sms and got["handle_num_sms"] != case.num_sms:
+                raise AssertionError(f"handle.num_sms = {got['handle_num_sms']}, expected {case.num_sms} [{call}]")
+            launch = got["combine_launch"]
+            if launch is not None and launch.get("num_sms") != got["handle_num_sms"]:
+                raise AssertionError(
+                    f"combine launched with num_sms={launch.get('num_sms')}, expected the dispatch handle's "
+                    f"{got['handle_num_sms']} [{call}]"
+                )
+            for index, name in enumerate(("combined_x", "combined_topk_weights")):
+                assert_tensor_bytes_equal(got["combine_reused"][index], got["combine_explicit"][index], name=name,
+                                          rank=rank, call=call, against=f"combine(num_sms={got['handle_num_sms']})")
+            if launch is None:
+                session.record_divergence(
+                    f"{backend}:combine-num-sms-unobservable",
+                    "the SM count of combine is not observable on this backend (no `last_launch`); only the bytes "
+                    "of num_sms=0 vs the handle's count were compared",
+                )
+
+        call = (f"{backend} ElasticBuffer.dispatch(x[{example.num_max_tokens_per_rank + case.over_tokens} rows on rank "
+                f"{case.offender}], num_max_tokens_per_rank={example.num_max_tokens_per_rank})")
+        raised: list[Raised] = [got["too_many_tokens"][0] for got in results]
+        assert_raised_everywhere(raised, call=call)
+        for rank, got in enumerate(results):
+            assert_view_matches_oracle(session, example, rank, got["after_too_many_tokens"],
+                                       after="the refused too-many-tokens dispatch")

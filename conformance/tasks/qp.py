@@ -1,0 +1,128 @@
+"""Rank tasks for P11 (QP cap, SM reuse in combine, pinned ``num_max_tokens_per_rank``), V2 backends only."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from conformance.backends.factory import get_adapter
+from conformance.backends.spec import BackendSpec
+from conformance.backends.views import DispatchOptions
+from conformance.checks.assert_errors import Raised
+from conformance.example import Example, build_rank_inputs
+from conformance.mutation import activate
+from conformance.preflight import PinnedMaxMismatch, check_pinned_max
+from conformance.tasks.settings import TaskSettings
+from conformance.world.rank import cached, context, on_shutdown
+
+#: Every even SM count up to an H200's 132.
+SM_COUNTS = tuple(range(2, 133, 2))
+#: torch.distributed collectives counted while a refused call runs (it must not communicate).
+COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all", "all_to_all_single",
+               "broadcast", "barrier", "all_gather_object", "send", "recv", "isend", "irecv")
+
+
+@contextlib.contextmanager
+def count_collectives() -> Iterator[list[str]]:
+    """Record the names of ``torch.distributed`` collectives called inside the block."""
+    calls: list[str] = []
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    for name, original in originals.items():
+        def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            calls.append(_name)
+            return _original(*args, **kwargs)
+        setattr(dist, name, counted)
+    try:
+        yield calls
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
+def _direct_buffer(spec: BackendSpec) -> Any:
+    """A small ``allow_hybrid_mode=False`` buffer with the automatic QP cap (kept for the process)."""
+    def build() -> Any:
+        adapter = get_adapter(spec)
+        buffer = adapter.module.ElasticBuffer(context().group, num_max_tokens_per_rank=16, hidden=256, num_topk=1,
+                                              allow_hybrid_mode=False, num_allocated_qps=0, explicitly_destroy=True)
+        on_shutdown(buffer.destroy)
+        return buffer
+    return cached(("p11-direct-buffer", spec), build)
+
+
+def _caps(buffer: Any) -> dict[str, Any]:
+    return {"num_allocated_qps": buffer.num_allocated_qps,
+            "theoretical": {s: buffer.get_theoretical_num_qps(s) for s in SM_COUNTS}}
+
+
+def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
+    """``fn(*args, **kwargs)``: what it raised, and the collectives it ran."""
+    with count_collectives() as calls:
+        try:
+            fn(*args, **kwargs)
+        except Exception as exc:  # the expected refusal; its type and message go back to the controller
+            return Raised.of(exc), calls
+    return Raised.of(None), calls
+
+
+def qp_results(settings: TaskSettings, case: Any) -> dict[str, dict[str, Any]]:
+    """Per V2 backend: QP caps, the preflight verdicts, the over-asking refusal and the dispatch after it,
+    SM reuse by combine, and the too-many-tokens refusal and the dispatch after it."""
+    ctx = context()
+    device = ctx.torch_device()
+    example: Example = case.example
+    inputs = build_rank_inputs(example, ctx.rank).to(device)
+    out: dict[str, dict[str, Any]] = {}
+    with activate(settings.mutant):
+        for name in settings.backends:
+            spec = BackendSpec.parse(name)
+            if spec.api != "v2":
+                continue
+            adapter = get_adapter(spec)
+            buffer = adapter.buffer(example)
+            got: dict[str, Any] = {"hybrid": _caps(buffer), "direct": _caps(_direct_buffer(spec))}
+
+            # Preflight: disagreeing ranks are reported (on every rank); agreeing ranks pass.
+            disagreeing = example.num_max_tokens_per_rank + (1 if ctx.rank == case.offender else 0)
+            try:
+                check_pinned_max(ctx.group, disagreeing, device)
+                got["preflight_disagree"] = None
+            except PinnedMaxMismatch as exc:
+                got["preflight_disagree"] = (str(exc), exc.holders)
+            check_pinned_max(ctx.group, example.num_max_tokens_per_rank, device)  # before every V2 dispatch
+
+            common = {"topk_idx": inputs.topk_idx, "topk_weights": inputs.topk_weights,
+                      "num_experts": example.num_experts, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
+                      "expert_alignment": example.expert_alignment}
+            got["over_qps"] = _call(buffer.dispatch, inputs.x, num_qps=buffer.num_allocated_qps + case.over_qps,
+                                    **common)
+            got["after_over_qps"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
+
+            # SM count: dispatch with case.num_sms, then combine with num_sms=0 and with the handle's count.
+            recv_x, _, recv_w, handle, _ = buffer.dispatch(inputs.x, num_sms=case.num_sms, **common)
+            got["handle_num_sms"] = handle.num_sms
+            try:
+                reused = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=0)
+                got["combine_launch"] = dict(getattr(buffer, "last_launch", None) or {}) or None
+                explicit = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=handle.num_sms)
+                got["combine_reused"] = (reused[0].cpu(), reused[1].cpu())
+                got["combine_explicit"] = (explicit[0].cpu(), explicit[1].cpu())
+            except Exception as exc:  # a known capability limit (hidden=128) is judged by the controller
+                got["combine_error"] = Raised.of(exc)
+
+            # Too many tokens on the offending rank: refused on every rank, no hang, buffer usable.
+            over = list(example.tokens_per_rank)
+            over[case.offender] = example.num_max_tokens_per_rank + case.over_tokens
+            big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
+            got["too_many_tokens"] = _call(buffer.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
+                                                                      "topk_weights": big.topk_weights})
+            got["after_too_many_tokens"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            out[name] = got
+    return out

@@ -1,0 +1,62 @@
+"""Meta-tests of P11: QP cap, combine SM reuse, too many tokens, and the pinned-maximum preflight."""
+
+from hypothesis import find
+
+from conformance.strategies_errors import qp_cases
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+
+P11 = "P11-qp-cap"
+
+
+def test_p11_catches_qp_over_asking_that_no_longer_raises(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P11, "qp-cap-exceeded-silently", qp_cases(2))
+    assert "returned normally" in message and "num_qps=num_allocated_qps +" in message
+
+
+def test_p11_catches_too_many_tokens_accepted_and_truncated(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P11, "too-many-tokens-truncated", qp_cases(2))
+    assert "returned normally" in message and "num_max_tokens_per_rank=" in message
+
+
+def test_p11_catches_combine_ignoring_the_handle_sm_count(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P11, "combine-ignores-handle-num-sms", qp_cases(2))
+    assert case.num_sms != 0
+    assert "expected the dispatch handle's" in message
+
+
+def test_p11_catches_a_refusal_that_corrupts_the_buffer(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P11, "refusal-corrupts-buffer", qp_cases(2))
+    assert "the call right after the refused" in message
+
+
+def test_p11_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:
+    assert_holds(emulated_session, P11, sample(qp_cases(2), 6))
+    assert_holds(two_node_session, P11, sample(qp_cases(4), 3))
+
+
+def test_preflight_names_the_ranks_that_disagree(two_node_session) -> None:
+    verdicts = two_node_session.world.run("tests.test_p11_meta:_disagree", timeout=60)
+    for verdict in verdicts:
+        assert verdict == "ranks disagree on num_max_tokens_per_rank: 64 on rank(s) [0, 1, 3]; 128 on rank(s) [2] " \
+                          "(every rank must pin the same value)"
+
+
+def _disagree() -> str:
+    """Rank task: rank 2 pins 128, the others 64."""
+    from conformance.preflight import PinnedMaxMismatch, check_pinned_max
+    from conformance.world.rank import context
+
+    ctx = context()
+    try:
+        check_pinned_max(ctx.group, 128 if ctx.rank == 2 else 64, ctx.torch_device())
+    except PinnedMaxMismatch as exc:
+        return str(exc)
+    return "no mismatch reported"
+
+
+def test_p11_strategy_reaches_its_corners() -> None:
+    strategy = qp_cases(2)
+    find(strategy, lambda c: c.num_sms not in (0, 22), settings=FIND_SETTINGS)  # differs from the automatic count
+    find(strategy, lambda c: c.offender == 1 and c.example.tokens_per_rank[1] == 0, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.over_qps >= 32, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.hidden == 128, settings=FIND_SETTINGS)  # combine limit on V2

@@ -1,0 +1,45 @@
+"""Meta-tests of P14: a renamed keyword fails, an added optional keyword is reported and passes."""
+
+from hypothesis import strategies as st
+
+from conformance.api_surface import SIGNATURES, SNAPSHOT, diff_surface, load_snapshot, snapshot_from_signatures
+from conformance.checks.p14_api_surface import ApiSurfaceCase
+from tests.meta import assert_caught, assert_holds
+
+P14 = "P14-api-surface"
+CASE = ApiSurfaceCase(world_size=2)
+
+
+def test_p14_catches_a_renamed_keyword_argument(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P14, "renamed-dispatch-kwarg", st.just(CASE))
+    assert "ElasticBuffer.dispatch(num_max_tokens_per_rank): renamed-param" in message
+    assert "(renamed to 'max_tokens_per_rank')" in message
+
+
+def test_p14_reports_an_added_optional_argument_and_passes(emulated_session) -> None:
+    emulated_session.recorder.artifacts.clear()
+    assert_holds(emulated_session, P14, [CASE], mutant="added-optional-combine-kwarg")
+    changes = emulated_session.recorder.artifacts["api-surface:conformance.emulation"]["changes"]
+    assert [(c["where"], c["kind"], c["breaking"]) for c in changes] == [
+        ("ElasticBuffer.combine(do_zero_padding)", "added-optional-param", False)
+    ]
+
+
+def test_p14_holds_on_the_emulation(emulated_session, two_node_session) -> None:
+    assert_holds(emulated_session, P14, [CASE])
+    assert_holds(two_node_session, P14, [ApiSurfaceCase(world_size=4)])
+
+
+def test_committed_snapshot_is_generated_from_the_transcribed_signatures() -> None:
+    assert load_snapshot() == snapshot_from_signatures(SIGNATURES), f"regenerate {SNAPSHOT.name}"
+
+
+def test_diff_rules_on_a_removed_and_a_required_argument() -> None:
+    snapshot = load_snapshot()
+    observed = load_snapshot()
+    params = observed["classes"]["Buffer"]["combine"]["params"]
+    observed["classes"]["Buffer"]["combine"]["params"] = [p for p in params if p["name"] != "bias"] + [
+        {"name": "stream", "kind": "KEYWORD_ONLY", "default": None}]
+    kinds = {(c.where, c.kind, c.breaking) for c in diff_surface(snapshot, observed)}
+    assert ("Buffer.combine(bias)", "removed-param", True) in kinds
+    assert ("Buffer.combine(stream)", "added-required-param", True) in kinds
