@@ -7,6 +7,7 @@ here is a context manager that restores what it changed on exit, even when the t
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,7 @@ def wrap_method(cls: type, name: str, wrapper: Callable[..., Any]) -> Iterator[N
     """
     original = cls.__dict__[name]
 
+    @functools.wraps(original)  # keeps name, docstring and signature: the API surface (P14) is unchanged
     def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
         return wrapper(original, self, *args, **kwargs)
 
