@@ -57,9 +57,9 @@ def active_qp_cases() -> st.SearchStrategy[QpCase]:
 
 
 @st.composite
-def bad_input_cases(draw: st.DrawFn, world_size: int) -> BadInputCase:
+def bad_input_cases(draw: st.DrawFn, world_size: int, defects: tuple[str, ...] = BAD_INPUT_DEFECTS) -> BadInputCase:
     """P12 cases: the defect kind is drawn first so that shrinking keeps it and shrinks the example."""
-    defect = draw(st.sampled_from(BAD_INPUT_DEFECTS), label="defect")
+    defect = draw(st.sampled_from(defects), label="defect")
     example = draw(small_examples(world_size), label="example")
     if defect == "v2_combine_hidden_128":
         example = dataclasses.replace(example, hidden=128)
