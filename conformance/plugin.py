@@ -18,6 +18,7 @@ from conformance.backends.probe import probe_module, real_deep_ep_available
 from conformance.backends.spec import parse_backends
 from conformance.config import RunConfig
 from conformance.devices import gpu_slice, max_gpu_workers, visible_gpus, worker_index
+from conformance.gate import load_report
 from conformance.reporting import USER_PROPERTY, entry_from_report, environment, repro_command, write_reports
 from conformance.session import Recorder, Session
 from conformance.world import WorldShape
@@ -25,6 +26,7 @@ from conformance.world import WorldShape
 SESSION_KEY = pytest.StashKey[Session]()
 CONFIG_KEY = pytest.StashKey[RunConfig]()
 ENTRIES_KEY = pytest.StashKey[list]()
+BASELINE_KEY = pytest.StashKey[dict]()
 #: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
 GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEFAULT_MAX_EXAMPLES = 25
@@ -48,6 +50,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="seconds one example may take on the ranks before they are declared hung (default 120)")
     group.addoption("--conformance-seed", type=int, default=None,
                     help="seed of every draw (default: random, printed in the report header)")
+    group.addoption("--baseline", default=None,
+                    help="a previous conformance.json: fail if a property regressed, a capability disappeared "
+                    "or the API surface changed")
     group.addoption("--mutant", default=None, help="plant a registered mutant in the emulation (self-tests)")
 
 
@@ -106,6 +111,11 @@ def pytest_configure(config: pytest.Config) -> None:
         print_blob=True,
     )
     settings.load_profile("conformance")
+    if workerinput is None and config.option.baseline:
+        try:
+            config.stash[BASELINE_KEY] = load_report(config.option.baseline)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     if workerinput is None and not config.option.xmlpath:
         config.option.xmlpath = os.path.join(config.option.report_dir, "junit.xml")
     config._conformance_started = time.monotonic()  # type: ignore[attr-defined]
@@ -195,7 +205,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     probes = {"deep_ep": probe_module("deep_ep"), "conformance.emulation": probe_module("conformance.emulation")}
     env = environment(run, probes, config.option.conformance_seed)
     wall = time.monotonic() - config._conformance_started  # type: ignore[attr-defined]
-    path = write_reports(config.option.report_dir, env, entries, wall)
+    baseline = config.stash.get(BASELINE_KEY, None)
+    document = write_reports(config.option.report_dir, env, entries, wall, baseline)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and entries:
-        reporter.write_line(f"conformance report: {path}")
+    if reporter is not None:
+        reporter.write_line(f"conformance report: {document['path']}")
+    if baseline is not None:
+        gate = document["gate"]
+        if reporter is not None:
+            for line in gate["regressions"]:
+                reporter.write_line(f"GATE REGRESSION {line}", red=True)
+            reporter.write_line(f"version gate: {len(gate['regressions'])} regression(s), "
+                                f"{len(gate['improvements'])} improvement(s) against {config.option.baseline}")
+        if gate["regressions"] and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED

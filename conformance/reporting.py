@@ -17,6 +17,7 @@ from typing import Any
 
 from conformance.config import RunConfig
 from conformance.example import Example
+from conformance.gate import compare
 
 USER_PROPERTY = "conformance"
 STATUSES = ("passed", "failed", "skipped", "divergence", "unsupported")
@@ -119,8 +120,17 @@ def summarise(entries: list[PropertyEntry]) -> dict[str, int]:
     return counts
 
 
-def write_reports(report_dir: str, env: dict[str, Any], entries: list[PropertyEntry], wall_s: float) -> str:
-    """Write ``conformance.json`` and ``conformance.md`` into ``report_dir``; return the JSON path."""
+def write_reports(
+    report_dir: str,
+    env: dict[str, Any],
+    entries: list[PropertyEntry],
+    wall_s: float,
+    baseline: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``conformance.json`` and ``conformance.md`` into ``report_dir``; return the document.
+
+    With a ``baseline`` report, the document gets a ``gate`` section (see :mod:`conformance.gate`).
+    """
     os.makedirs(report_dir, exist_ok=True)
     entries = sorted(entries, key=lambda e: (_property_number(e.id), e.test))
     document = {
@@ -130,12 +140,15 @@ def write_reports(report_dir: str, env: dict[str, Any], entries: list[PropertyEn
         "summary": summarise(entries),
         "properties": [vars(e) for e in entries],
     }
+    if baseline is not None:
+        document["gate"] = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
     json_path = os.path.join(report_dir, "conformance.json")
     with open(json_path, "w") as f:
         json.dump(document, f, indent=2, default=str)
     with open(os.path.join(report_dir, "conformance.md"), "w") as f:
         f.write(markdown(document))
-    return json_path
+    document["path"] = json_path
+    return document
 
 
 def _property_number(property_id: str) -> int:
@@ -173,6 +186,12 @@ def markdown(document: dict[str, Any]) -> str:
         for backend, info in p["unsupported"].items():
             lines += ["", f"## UNSUPPORTED {p['id']} on {backend} ({info['count']} examples)", "",
                       f"`{info['call']}` raised `{info['error']}`"]
+    if "gate" in document:
+        gate = document["gate"]
+        verdict = "FAILED" if gate["regressions"] else "passed"
+        lines += ["", f"## Version gate: {verdict} (against deep_ep {gate['baseline'].get('deep_ep')})", ""]
+        lines += [f"- REGRESSION {r}" for r in gate["regressions"]]
+        lines += [f"- improvement {i}" for i in gate["improvements"]]
     return "\n".join(lines) + "\n"
 
 

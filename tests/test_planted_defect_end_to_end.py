@@ -43,3 +43,19 @@ def _split(text: str) -> list[str]:
     import shlex
 
     return shlex.split(text)
+
+
+def test_version_gate_fails_on_a_regression_against_the_baseline(suite, tmp_path) -> None:
+    good, _ = suite("conformance/properties/test_p01_payloads.py", "--max-examples", "5")
+    assert good.returncode == 0, good.stdout[-2000:]
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text((tmp_path / "reports" / "conformance.json").read_text())
+    same, report = suite("conformance/properties/test_p01_payloads.py", "--max-examples", "5",
+                         f"--baseline={baseline}")
+    assert same.returncode == 0 and report["gate"]["regressions"] == [], same.stdout[-2000:]
+    bad, report = suite("conformance/properties/test_p01_payloads.py", "--max-examples", "30",
+                        "--mutant", "flip-one-byte", f"--baseline={baseline}")
+    assert bad.returncode == 1
+    assert any(r.startswith("P1-per-expert-payloads: passed in the baseline, failed now")
+               for r in report["gate"]["regressions"])
+    assert "GATE REGRESSION" in bad.stdout
