@@ -55,7 +55,7 @@ def test_fast_subset_kills_the_harmful_and_spares_the_benign(tmp_path: Path) -> 
             assert cell["outcome"] == "killed" and cell["message"] and json.loads(cell["example"])
         else:
             assert not entry["killed"] and entry["killed_by"] == [] and entry["examples_to_kill"] is None, entry
-            assert cell == {"outcome": "held", "examples": 12, "message": None, "example": None}
+            assert (cell["outcome"], cell["examples"], cell["message"], cell["example"]) == ("held", 12, None, None)
         assert entry["name"] in proc.stdout  # the table row
     summary = report["summary"]
     assert set(summary) >= SUMMARY_KEYS
@@ -74,7 +74,8 @@ def test_a_surviving_harmful_mutant_fails_the_run_also_across_jobs(tmp_path: Pat
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert report["summary"]["survivors"] == ["flip-one-byte", "drop-one-token"]
     assert [e["name"] for e in report["mutants"]] == ["flip-one-byte", "drop-one-token"]
-    assert all(e["properties"][P1] == property_outcome("held", 1) for e in report["mutants"])
+    assert all(e["properties"][P1]["outcome"] == "held" and e["properties"][P1]["examples"] == 1
+               for e in report["mutants"])
     assert "SURVIVOR (harmful, no property failed): flip-one-byte" in proc.stdout
 
 
@@ -140,7 +141,8 @@ def test_run_property_classifies_failures() -> None:
     crash = _fails_when(lambda case, mutant: True, TypeError)
     assert run_property(FakeSession(crash), "P", INTS, budget)["outcome"] == "error"
     never = _fails_when(lambda case, mutant: False)
-    assert run_property(FakeSession(never), "P", INTS, budget) == property_outcome("held", 20)
+    cell = run_property(FakeSession(never), "P", INTS, budget)
+    assert (cell["outcome"], cell["examples"], cell["message"]) == ("held", 20, None) and cell["wall_s"] >= 0
 
 
 def test_short_message_names_where_a_rank_hung_and_what_a_rank_raised() -> None:

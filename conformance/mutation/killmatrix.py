@@ -4,7 +4,7 @@ the JSON report and the exit status.
 Entries are plain JSON-able dicts so that reports written by worker processes (``--jobs``) merge as is::
 
     {"name", "kind", "description", "killed", "killed_by": [property ids], "examples_to_kill", "wall_s",
-     "properties": {property id: {"outcome", "examples", "message", "example"}}}
+     "properties": {property id: {"outcome", "examples", "message", "example", "wall_s"}}}
 
 A property's ``outcome`` on a mutant is one of :data:`OUTCOMES`.
 """
@@ -22,11 +22,14 @@ from typing import Any
 OUTCOMES = ("held", "killed", "unattributed", "error")
 
 
-def property_outcome(outcome: str, examples: int, message: str | None = None, example: str | None = None) -> dict:
+def property_outcome(
+    outcome: str, examples: int, message: str | None = None, example: str | None = None, wall_s: float = 0.0
+) -> dict:
     """One cell of the matrix: what ``examples`` draws of one property did on one mutant."""
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
-    return {"outcome": outcome, "examples": examples, "message": message, "example": example}
+    return {"outcome": outcome, "examples": examples, "message": message, "example": example,
+            "wall_s": round(wall_s, 3)}
 
 
 def mutant_entry(name: str, kind: str, description: str, properties: dict[str, dict], wall_s: float) -> dict:

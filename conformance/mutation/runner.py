@@ -103,19 +103,21 @@ def run_property(
     session: Session, property_id: str, strategy: st.SearchStrategy[Any], budget: Budget
 ) -> dict:
     """One cell of the kill matrix for the mutant planted in ``session`` (see ``killmatrix.OUTCOMES``)."""
+    started = time.monotonic()
     examples, case, error = first_failure(session, property_id, strategy, budget)
     if error is None:
-        return property_outcome("held", examples)
+        return property_outcome("held", examples, wall_s=time.monotonic() - started)
     case_json = case.to_json() if hasattr(case, "to_json") else repr(case)
+    outcome, message = "killed", short_message(error)
     if not isinstance(error, FAILURES):
-        return property_outcome("error", examples, short_message(error), case_json)
-    with session.planted(None):
-        try:
-            session.check(property_id, case)
-        except Exception as clean:  # any failure without the mutant means "not the mutant's"
-            message = f"{short_message(error)} [without the mutant: {short_message(clean)}]"
-            return property_outcome("unattributed", examples, message, case_json)
-    return property_outcome("killed", examples, short_message(error), case_json)
+        outcome = "error"
+    else:
+        with session.planted(None):
+            try:
+                session.check(property_id, case)
+            except Exception as clean:  # any failure without the mutant means "not the mutant's"
+                outcome, message = "unattributed", f"{message} [without the mutant: {short_message(clean)}]"
+    return property_outcome(outcome, examples, message, case_json, wall_s=time.monotonic() - started)
 
 
 def run_mutant(
