@@ -245,10 +245,14 @@ def _arrival_order(seed: int) -> Any:
 
     def order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
               group_key: torch.Tensor | None = None) -> torch.Tensor:
-        gidx = src_ranks.to(torch.int64) * num_max_tokens_per_rank + src_tokens.to(torch.int64)
-        group = (group_key if group_key is not None else src_ranks).to(torch.int64)
-        noise = (gidx * 2654435761 + seed * 40503) % 1000003
-        return torch.sort(group * (1 << 32) + noise, stable=True).indices
+        gidx = src_ranks.to(torch.int64).cpu() * num_max_tokens_per_rank + src_tokens.to(torch.int64).cpu()
+        group = (group_key if group_key is not None else src_ranks).to(torch.int64).cpu()
+        if gidx.numel() == 0:
+            return torch.empty(0, dtype=torch.int64, device=src_ranks.device)
+        generator = torch.Generator().manual_seed(seed)
+        rank_of = torch.randperm(int(gidx.max()) + 1, generator=generator)  # a random priority per global index
+        key = group * (1 << 32) + rank_of[gidx]
+        return torch.sort(key, stable=True).indices.to(src_ranks.device)
 
     return order
 
