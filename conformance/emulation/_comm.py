@@ -66,9 +66,10 @@ def all_gather_rows(
     row_bytes = row_elems * tensor.element_size()
     local = torch.zeros((max_rows, max(row_bytes, 1)), dtype=torch.uint8, device=tensor.device)
     if tensor.shape[0] > 0 and row_bytes > 0:
-        local[: tensor.shape[0], :row_bytes] = (
-            tensor.contiguous().reshape(tensor.shape[0], row_elems).view(torch.uint8)
-        )
+        # clone(contiguous_format), not contiguous(): a one-row column slice (stride 2) counts as contiguous
+        # but cannot be viewed as bytes.
+        rows = tensor.reshape(tensor.shape[0], row_elems).clone(memory_format=torch.contiguous_format)
+        local[: tensor.shape[0], :row_bytes] = rows.view(torch.uint8)
     gathered = [torch.empty_like(local) for _ in range(group.size())]
     dist.all_gather(gathered, local, group=group)
     result = []
