@@ -15,6 +15,7 @@ from conformance.oracle.counts import (
     expected_tokens_per_source_rank,
 )
 from conformance.oracle.receipts import Receipts, expected_receipts, expected_received_tokens
+from conformance.oracle.reduction import *  # noqa: F403 - combine/round-trip/gradient oracles (see its __all__)
 
 __all__ = [
     "Receipts",
