@@ -308,6 +308,8 @@ def expand_padding_garbage() -> Iterator[None]:
         pointers = handle.recv_src_metadata[:, 2:].to(torch.int64)
         used[pointers[pointers >= 0]] = True
         pad = ~used
+        if not bool(pad.any()):
+            return out
         n = next(calls)
         recv_x.view(torch.uint8).view(recv_x.shape[0], -1)[pad] = (0xFF - n) % 256
         if weights is not None:
