@@ -1,0 +1,119 @@
+"""Meta-tests of P5 (combine): planted reduction and weight defects are caught, the oracle and the numeric bound
+are right by hand, the property holds on the emulation (one and two nodes), V2's hidden=128 limit is reported
+unsupported while V1 is still checked, and the strategy reaches the corners."""
+
+import torch
+from hypothesis import find
+
+from conformance.checks.assert_numeric import assert_within_bound, reduction_bound
+from conformance.checks.p05_combine import CombineCase
+from conformance.example import Example, RankInputs
+from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
+from conformance.strategies_combine import combine_cases
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
+
+P5 = "P5-combine"
+
+
+def _hand_inputs() -> tuple[Example, list[RankInputs]]:
+    # 2 ranks, 4 experts (rank 0 owns 0-1, rank 1 owns 2-3), top-2.
+    example = Example(tokens_per_rank=(2, 1), hidden=2, num_topk=2, num_experts=4, payload="integers")
+    r0 = RankInputs(
+        x=torch.tensor([[1.0, -2.0], [3.0, 4.0]], dtype=torch.bfloat16),
+        topk_idx=torch.tensor([[3, 0], [-1, 1]]),
+        topk_weights=torch.tensor([[0.5, 0.25], [0.75, 1.0]]),
+    )
+    r1 = RankInputs(x=torch.tensor([[5.0, 6.0]], dtype=torch.bfloat16), topk_idx=torch.tensor([[-1, -1]]),
+                    topk_weights=torch.tensor([[0.125, 0.375]]))
+    return example, [r0, r1]
+
+
+def test_oracle_by_hand() -> None:
+    example, inputs = _hand_inputs()
+    bias = [torch.tensor([[1.0, 1.0], [0.0, -1.0]], dtype=torch.bfloat16)]
+    got = expected_scaled_combine(example, inputs, 0, bias, ranks_per_node=2)
+    # token 0 reached ranks 0 (x1) and 1 (x2): 3 * x + bias; token 1 reached rank 0 only: x + bias.
+    assert got.rounded().float().tolist() == [[4.0, -5.0], [3.0, 3.0]]
+    assert got.num_terms.tolist() == [3, 2] and got.num_groups.tolist() == [1, 1]
+    assert expected_scaled_combine(example, inputs, 1, [], 2).rounded().float().tolist() == [[0.0, 0.0]]
+    own = inputs[0].topk_weights
+    weights = expected_combined_weights(example, inputs, 0, lambda d, t, k: scaled_weight(own[t, k], d))
+    # slot (0,0): expert 3 on rank 1 -> 0.5 * 2; slot (0,1): expert 0 on rank 0 -> 0.25; masked slot -> 0.
+    assert weights.tolist() == [[1.0, 0.25], [0.0, 1.0]]
+
+
+def test_bound_by_hand_accepts_the_rounding_and_rejects_one_ulp_more() -> None:
+    # 1 + 2**-9: bf16 rounds it to 1.0 (error 2**-9 <= ulp(1)/2 = 2**-8); 1 + 2**-7 is one ulp too far.
+    exact = torch.tensor([[1.0 + 2.0**-9]], dtype=torch.float64)
+    expected = ExpectedSum(exact, exact.abs(), torch.tensor([2]), torch.tensor([1]))
+    rounded = torch.tensor([[1.0]], dtype=torch.bfloat16)
+    assert_within_bound(rounded, expected, two_level=False, name="x", rank=0, call="c")
+    bound = float(reduction_bound(torch.tensor([[1.0]], dtype=torch.bfloat16), expected, False))
+    assert 2.0**-8 <= bound < 2.0**-8 + 1e-6
+    try:
+        assert_within_bound(torch.tensor([[1.0 + 2.0**-7]], dtype=torch.bfloat16), expected, two_level=False,
+                            name="x", rank=0, call="c")
+    except AssertionError as failure:
+        assert "x[rank 0, token 0, col 0]" in str(failure) and "bound" in str(failure)
+    else:
+        raise AssertionError("a result one ulp beyond the rounding passed the bound")
+
+
+def test_p5_catches_a_lost_contributor(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P5, "combine-drops-contributor", combine_cases(2))
+    assert "combined_x[rank" in message and "combine(" in message
+
+
+def test_p5_catches_a_contributor_counted_twice(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P5, "combine-counts-contributor-twice", combine_cases(2))
+    assert "combined_x[rank" in message
+
+
+def test_p5_catches_bias_added_twice(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P5, "combine-bias-twice", combine_cases(2))
+    assert case.num_bias > 0 and "combined_x[rank" in message
+
+
+def test_p5_catches_wrong_combined_weights(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P5, "combined-weights-master-lane", combine_cases(2))
+    assert "combined_topk_weights[rank" in message and "ElasticBuffer.combine(" in message
+    assert case.example.num_topk >= 2
+
+
+def test_p5_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:
+    assert_holds(emulated_session, P5, sample(combine_cases(2), 12))
+    assert_holds(two_node_session, P5, sample(combine_cases(4), 6))
+
+
+def test_p5_reports_v2_hidden_128_unsupported_and_still_checks_v1(emulated_session) -> None:
+    example = Example(tokens_per_rank=(6, 5), hidden=128, num_topk=2, num_experts=4, payload="integers", seed=7,
+                      num_max_tokens_per_rank=16)
+    case = CombineCase(example, num_bias=1, mode="exact")
+    before = emulated_session.recorder.unsupported.get("emulated-v2", {}).get("count", 0)
+    assert fails(emulated_session, P5, case, None) is None
+    entry = emulated_session.recorder.unsupported["emulated-v2"]
+    assert entry["count"] == before + example.world_size and "combine" in entry["call"]  # once per rank
+    assert "emulated-v1" not in emulated_session.recorder.unsupported
+    message = fails(emulated_session, P5, case, "combine-drops-contributor")
+    assert message is not None and "Buffer.combine(" in message and "ElasticBuffer" not in message
+
+
+def test_p5_strategy_reaches_the_corners() -> None:
+    strategy = combine_cases(2)
+
+    def reaches(example: Example, n: int) -> bool:
+        from conformance.example import build_all_inputs
+        from conformance.oracle.reduction import reach_counts
+
+        inputs = build_all_inputs(example)
+        return any(c == n for r in range(example.world_size) for c in reach_counts(example, inputs, r))
+
+    for num_bias in (0, 1, 2):
+        find(strategy, lambda c, n=num_bias: c.num_bias == n, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.mode == "exact", settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.mode == "bounded", settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.hidden == 128, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.hidden != 128, settings=FIND_SETTINGS)
+    find(strategy, lambda c: 0 in c.example.tokens_per_rank, settings=FIND_SETTINGS)
+    find(strategy, lambda c: reaches(c.example, 2), settings=FIND_SETTINGS)  # summed over two ranks
+    find(strategy, lambda c: reaches(c.example, 0), settings=FIND_SETTINGS)  # bias only / +0.0
