@@ -3,6 +3,7 @@ emulation (one and two nodes, and with V2's receive order shuffled), and its str
 alignments 1, 16 and 128."""
 
 import pytest
+import torch
 from hypothesis import HealthCheck, find, settings
 
 from conformance.example import Example, build_all_inputs
@@ -62,3 +63,44 @@ def test_p2_strategy_reaches_alignment_one_and_empty_experts() -> None:
     find(alignment_examples(2), lambda ex: ex.expert_alignment == 1 and any(c > 1 for c in raw_counts(ex)),
          settings=COVERAGE)
     find(alignment_examples(2), lambda ex: ex.expert_alignment > 1 and 0 in raw_counts(ex), settings=COVERAGE)
+
+
+def test_p2_oracle_matches_the_real_recordings() -> None:
+    """The oracle's counts, V2 prefix sums (both modes) and V1 layout equal what the real DeepEP 2.1.0
+    returned on 2 x H200 (fixtures/deepep-real), for every recorded case and rank."""
+    from conformance.example import RankInputs
+    from conformance.oracle import (
+        expected_aligned_counts,
+        expected_layout,
+        expected_psum_per_expert,
+        expected_tokens_per_source_rank,
+    )
+    from tests.conftest import ROOT
+
+    ranks = [torch.load(ROOT / f"fixtures/deepep-real/rank{r}.pt", weights_only=True) for r in (0, 1)]
+    checked = 0
+    for name, case in ranks[0]["cases"].items():
+        meta = case["case"]
+        example = Example(tokens_per_rank=tuple(meta["tokens_per_rank"]), hidden=meta["hidden"],
+                          num_topk=meta["num_topk"], num_experts=meta["num_experts"],
+                          expert_alignment=meta["expert_alignment"])
+        inputs = [RankInputs(r["cases"][name]["x"], r["cases"][name]["topk_idx"], r["cases"][name]["topk_weights"])
+                  for r in ranks]
+        for rank, recorded in enumerate(r["cases"][name] for r in ranks):
+            v1 = recorded["v1"]
+            assert v1["num_recv_tokens_per_expert_list"] == expected_aligned_counts(example, inputs, rank), name
+            layout = expected_layout(example, inputs[rank])
+            assert v1["layout"]["num_tokens_per_rank"].tolist() == layout["num_tokens_per_rank"], name
+            assert v1["layout"]["num_tokens_per_expert"].tolist() == layout["num_tokens_per_expert"], name
+            assert v1["layout"]["is_token_in_rank"].tolist() == layout["is_token_in_rank"], name
+            for key, expand in (("v2", False), ("v2_expand", True)):
+                if "error" in recorded[key]:
+                    continue
+                handle = recorded[key]["handle"]
+                assert handle["psum_num_recv_tokens_per_expert"].tolist() == expected_psum_per_expert(
+                    example, inputs, rank, do_expand=expand), (name, key)
+                per_source = expected_tokens_per_source_rank(example, inputs, rank)
+                psum = handle["psum_num_recv_tokens_per_scaleup_rank"].tolist()
+                assert psum == [sum(per_source[: i + 1]) for i in range(len(per_source))], (name, key)
+                checked += 1
+    assert checked >= 15
