@@ -130,6 +130,7 @@ class GradResult:
     direct_weights: torch.Tensor
     grad_rows: torch.Tensor  # [N, hidden] bf16: grad of the expert outputs through FusedCombine
     direct_rows: torch.Tensor  # cached dispatch of the upstream grad called directly
+    unmasked_weights: torch.Tensor | None = None  # combine of weight grads NOT zeroed at non-local slots
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -257,6 +258,8 @@ def gradients(settings: TaskSettings, example: Example) -> dict[str, GradResult 
         gx, gw = gx.to(device).contiguous(), gw.to(device).contiguous()
         torch.autograd.backward([fwd["recv_x"], fwd["recv_w"]], [gx, gw])
         direct_x, direct_w = adapter.combine(raw, gx, topk_weights=gw)
+        unmasked = torch.stack([tables[s][1][t] for s, t in rows]) if rows else torch.zeros(0, example.num_topk)
+        unmasked_w = adapter.combine(raw, gx, topk_weights=unmasked.to(device).contiguous())[1]
 
         expert_out = raw["recv_x"].detach().clone().requires_grad_(True)
         FusedCombine.apply(expert_out, keep, raw).backward(upstream_y)
@@ -267,7 +270,7 @@ def gradients(settings: TaskSettings, example: Example) -> dict[str, GradResult 
         )
         return GradResult(
             call, view.src_rank, view.src_token, fwd["x"].grad.cpu(), fwd["w"].grad.cpu(), direct_x.cpu(),
-            direct_w.cpu(), expert_out.grad.cpu(), direct_rows.cpu(),
+            direct_w.cpu(), expert_out.grad.cpu(), direct_rows.cpu(), unmasked_w.cpu(),
         )
 
     with activate(settings.mutant):
