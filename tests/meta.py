@@ -12,7 +12,7 @@ from conformance.session import Session
 
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
 FIND_SETTINGS = settings(
-    max_examples=60, deadline=None, database=None, phases=[Phase.generate, Phase.shrink],
+    max_examples=60, deadline=None, database=None, phases=[Phase.generate, Phase.shrink], derandomize=True,
     suppress_health_check=list(HealthCheck),
 )
 

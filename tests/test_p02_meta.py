@@ -12,7 +12,8 @@ from conformance.strategies_layout import alignment_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 P2 = "P2-counts"
-COVERAGE = settings(max_examples=2000, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+COVERAGE = settings(max_examples=2000, database=None, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
 
 
 def raw_counts(example: Example) -> list[int]:

@@ -9,7 +9,8 @@ from conformance.strategies_layout import layout_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 P3 = "P3-recv-topk-idx"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
 
 
 def received_rows(example: Example) -> list[list[int]]:

@@ -16,7 +16,8 @@ from conformance.strategies_layout import alignment_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 P8 = "P8-expand-layout"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
 
 
 def padded_gap(example: Example) -> bool:
