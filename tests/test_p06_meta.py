@@ -56,3 +56,16 @@ def test_p6_strategy_reaches_the_corners() -> None:
     for payload in ("integers", "random"):
         find(strategy, lambda e, p=payload: e.payload == p, settings=FIND_SETTINGS)
     find(strategy, lambda e: e.hidden == 128, settings=FIND_SETTINGS)  # V2 combine limit
+
+
+def test_reductions_may_flush_subnormals_but_not_change_normal_values() -> None:
+    """Seen on CUDA: a bf16 subnormal summed in float32 came back as 0 (flush-to-zero); that is allowed."""
+    import torch
+
+    from conformance.checks.assert_numeric import same_value
+
+    bits = torch.tensor([0x0001, 0x8001 - 0x10000, 0x0080, 0x3F80], dtype=torch.int16)  # 2 subnormals, min normal, 1.0
+    expected = bits.view(torch.bfloat16)
+    flushed = torch.zeros(4, dtype=torch.bfloat16)
+    assert same_value(flushed, expected).tolist() == [True, True, False, False]
+    assert same_value(expected, expected).all()
