@@ -250,6 +250,47 @@ class Buffer:
             event = EventOverlap(_event(x.device, async_finish))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
+        recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
+            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+            previous_event,
+        )
+        counts_list = (
+            []
+            if num_worst_tokens > 0
+            else [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
+        )
+
+        handle = self._intranode_handle(recv, config, is_token_in_rank)
+        recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
+        recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
+        recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
+        recv_topk_weights = self._pad_rows(recv_topk_weights, num_worst_tokens, 0)
+        event = EventOverlap(_event(x.device, async_finish))
+        return (
+            (recv_x, recv_scales) if x_scales is not None else recv_x,
+            recv_topk_idx,
+            recv_topk_weights,
+            counts_list,
+            handle,
+            event,
+        )
+
+    def _receive(
+        self,
+        x: torch.Tensor,
+        x_scales: torch.Tensor | None,
+        topk_idx: torch.Tensor | None,
+        topk_weights: torch.Tensor | None,
+        num_tokens_per_rank: torch.Tensor | None,
+        is_token_in_rank: torch.Tensor | None,
+        num_tokens_per_expert: torch.Tensor | None,
+        previous_event: EventOverlap | None,
+    ) -> tuple[_exchange.Received, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """The non-cached receive shared by intranode and internode dispatch.
+
+        Returns the exchange result, ``recv_topk_idx`` (local or -1), ``recv_topk_weights`` (zeroed at -1
+        slots, as the real V1 does) and the raw per-local-expert counts.
+        """
         assert (
             num_tokens_per_rank is not None
             and is_token_in_rank is not None
@@ -278,26 +319,7 @@ class Buffer:
                 recv_topk_weights = torch.where(recv_topk_idx >= 0, w, torch.zeros_like(w))
         per_expert = torch.stack(recv.gathered["num_tokens_per_expert"]).reshape(self.group_size, num_experts)
         local_counts = per_expert[:, self.rank * experts_per_rank : (self.rank + 1) * experts_per_rank].sum(0)
-        counts_list = (
-            []
-            if num_worst_tokens > 0
-            else [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
-        )
-
-        handle = self._intranode_handle(recv, config, is_token_in_rank)
-        recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
-        recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
-        recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
-        recv_topk_weights = self._pad_rows(recv_topk_weights, num_worst_tokens, 0)
-        event = EventOverlap(_event(x.device, async_finish))
-        return (
-            (recv_x, recv_scales) if x_scales is not None else recv_x,
-            recv_topk_idx,
-            recv_topk_weights,
-            counts_list,
-            handle,
-            event,
-        )
+        return recv, recv_topk_idx, recv_topk_weights, local_counts
 
     @staticmethod
     def _pad_rows(t: torch.Tensor | None, rows: int, value: float) -> torch.Tensor | None:
@@ -473,34 +495,10 @@ class Buffer:
                 None,
                 event,
             )
-        assert (
-            num_tokens_per_rank is not None
-            and is_token_in_rank is not None
-            and num_tokens_per_expert is not None
+        recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
+            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+            previous_event,
         )
-        _checks.expect_dtype(topk_idx, torch.int64)
-        _checks.expect_dtype(topk_weights, torch.float32)
-        _wait_previous(previous_event)
-        num_experts = num_tokens_per_expert.numel()
-        recv = self._exchange(
-            x,
-            x_scales,
-            topk_idx,
-            topk_weights,
-            is_token_in_rank,
-            num_tokens_per_expert,
-            "Buffer.dispatch",
-            num_experts,
-        )
-        experts_per_rank = num_experts // self.group_size
-        recv_topk_idx = recv_topk_weights = None
-        if topk_idx is not None:
-            recv_topk_idx = _route.to_local_topk(recv.fields["topk_idx"], self.rank, experts_per_rank)
-            if topk_weights is not None:
-                w = recv.fields["topk_weights"]
-                recv_topk_weights = torch.where(recv_topk_idx >= 0, w, torch.zeros_like(w))
-        per_expert = torch.stack(recv.gathered["num_tokens_per_expert"]).reshape(self.group_size, num_experts)
-        local_counts = per_expert[:, self.rank * experts_per_rank : (self.rank + 1) * experts_per_rank].sum(0)
         counts_list = [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
         handle = self._internode_handle(recv, config, is_token_in_rank)
         event = EventOverlap(_event(x.device, async_finish))
