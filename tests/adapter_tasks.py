@@ -104,3 +104,15 @@ def destroy_happens_before_the_process_group() -> list:
         adapter.dispatch(build_rank_inputs(example, ctx.rank), example, DispatchOptions(), ctx.rank)
     rank_module._shutdown()  # noqa: SLF001 - the path World.close() takes in every rank
     return log
+
+
+def v2_previous_event_convention() -> list:
+    """An async dispatch ordered after prior compute, through the V2 adapter; return the call log."""
+    ctx = context()
+    log: list = []
+    adapter = ElasticAdapter(BackendSpec("emulated", "v2"), spy_module(log), ctx.group, ctx.num_nodes)
+    example = Example((5, 3), 256, 2, 4, seed=4)
+    options = DispatchOptions(async_finish=True, previous_event=True)
+    adapter.dispatch(build_rank_inputs(example, ctx.rank), example, options, ctx.rank)
+    adapter.destroy()
+    return log

@@ -90,3 +90,11 @@ def test_backend_selection_is_strict() -> None:
         parse_backends("v3", False)
     with pytest.raises(ValueError, match="twice"):
         parse_backends("emulated-v1,emulated-v1", False)
+
+
+def test_v2_previous_event_comes_from_capture_with_comm_stream_allocation(world) -> None:
+    log = world.run("tests.adapter_tasks:v2_previous_event_convention", timeout=120)[0]
+    (dispatch,) = _calls(log, "ElasticBuffer.dispatch")
+    assert dispatch["previous_event"] == "EventHandle", "previous_event is a captured EventHandle"
+    assert dispatch["allocate_on_comm_stream"] is True, "V2 refuses previous_event without it"
+    assert dispatch["async_with_compute_stream"] is True
