@@ -69,7 +69,7 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         examples=recorded["examples"],
         wall_s=recorded["wall_s"],
         divergences=recorded["divergences"],
-        unsupported=recorded["unsupported"],
+        unsupported=_with_capability_gaps(recorded["unsupported"], config),
         artifacts=recorded.get("artifacts", {}),
     )
     if report.failed:
@@ -78,6 +78,20 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
     return entry
+
+
+def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dict[str, Any]:
+    """Mark each rejection that a backend of the other API accepted as a capability regression.
+
+    The property ran every backend on the same examples: a backend of the other API that did not
+    reject any of them handled the configurations this one refused.
+    """
+    marked = {}
+    for backend, info in unsupported.items():
+        api = backend.rsplit("-", 1)[-1]
+        accepted_by = [b.name for b in config.backends if b.api != api and b.name not in unsupported]
+        marked[backend] = {**info, "accepted_by": accepted_by, "capability_regression": bool(accepted_by)}
+    return marked
 
 
 def _failure_message(report: Any) -> str:
@@ -186,6 +200,9 @@ def markdown(document: dict[str, Any]) -> str:
         for backend, info in p["unsupported"].items():
             lines += ["", f"## UNSUPPORTED {p['id']} on {backend} ({info['count']} examples)", "",
                       f"`{info['call']}` raised `{info['error']}`"]
+            if info.get("capability_regression"):
+                lines += ["", f"Capability regression: {', '.join(info['accepted_by'])} accepted the same "
+                          f"configurations (first rejected: `{info['example']}`)."]
     if "gate" in document:
         gate = document["gate"]
         verdict = "FAILED" if gate["regressions"] else "passed"

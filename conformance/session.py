@@ -25,6 +25,7 @@ class Recorder:
     divergences: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)  # JSON-able snapshots attached to the report
+    rejected: dict[str, set[str]] = field(default_factory=dict)  # backend -> examples it rejected
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,11 +100,17 @@ class Session:
         return self.run("conformance.tasks.dispatch:dispatch_views", example, options)
 
     def record_unsupported(self, item: Unsupported, example: Example) -> None:
-        """Remember that a backend rejected a configuration (reported as ``unsupported``)."""
+        """Remember that a backend rejected a configuration (reported as ``unsupported``).
+
+        Called once per rank; ``count`` is the number of distinct examples rejected.
+        """
         entry = self.recorder.unsupported.setdefault(
             item.backend, {"call": item.call, "error": item.error, "count": 0, "example": example.to_json()}
         )
-        entry["count"] += 1
+        seen = self.recorder.rejected.setdefault(item.backend, set())
+        if example.to_json() not in seen:
+            seen.add(example.to_json())
+            entry["count"] += 1
 
     def record_artifact(self, key: str, value: Any) -> None:
         """Attach a JSON-able artifact (e.g. an API-surface snapshot) to the property's report entry."""
