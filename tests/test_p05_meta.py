@@ -89,10 +89,11 @@ def test_p5_reports_v2_hidden_128_unsupported_and_still_checks_v1(emulated_sessi
     example = Example(tokens_per_rank=(6, 5), hidden=128, num_topk=2, num_experts=4, payload="integers", seed=7,
                       num_max_tokens_per_rank=16)
     case = CombineCase(example, num_bias=1, mode="exact")
-    before = emulated_session.recorder.unsupported.get("emulated-v2", {}).get("count", 0)
     assert fails(emulated_session, P5, case, None) is None
     entry = emulated_session.recorder.unsupported["emulated-v2"]
-    assert entry["count"] == before + example.world_size and "combine" in entry["call"]  # once per rank
+    rejected = emulated_session.recorder.rejected["emulated-v2"]
+    assert example.to_json() in rejected and entry["count"] == len(rejected)  # distinct examples, not ranks
+    assert "combine" in entry["call"]
     assert "emulated-v1" not in emulated_session.recorder.unsupported
     message = fails(emulated_session, P5, case, "combine-drops-contributor")
     assert message is not None and "Buffer.combine(" in message and "ElasticBuffer" not in message
