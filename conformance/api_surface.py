@@ -3,7 +3,7 @@ committed snapshot of the real DeepEP's, and the diff between them.
 
 A surface is plain JSON: ``{"probe": {...}, "classes": {class: {method: {"static": bool, "params":
 [{"name", "kind", "default"}]}}}}`` where ``default`` is the ``repr`` of the default (``None`` when the
-parameter has none; annotations are ignored).  The snapshot ``fixtures/api-surface/deep_ep-2.1.0.json`` is
+parameter has none; annotations are ignored).  The snapshot ``conformance/data/api-surface/deep_ep-2.1.0.json`` is
 generated from ``deep_ep-2.1.0-signatures.txt`` (signatures transcribed from the public DeepEP sources) by
 ``python -m conformance.api_surface --write``.
 
@@ -25,7 +25,7 @@ from typing import Any
 
 from conformance.backends.probe import probe_module
 
-SNAPSHOT_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "api-surface"
+SNAPSHOT_DIR = Path(__file__).resolve().parent / "data" / "api-surface"
 SNAPSHOT = SNAPSHOT_DIR / "deep_ep-2.1.0.json"
 SIGNATURES = SNAPSHOT_DIR / "deep_ep-2.1.0-signatures.txt"
 CLASSES = ("Buffer", "ElasticBuffer", "EPHandle", "EventOverlap")

@@ -1,5 +1,5 @@
 """P14 API surface: each installed API's import probe and method signatures against the committed snapshot
-of the real DeepEP 2.1.0 (fixtures/api-surface).  Runs once per session (its strategy yields one case)."""
+of the real DeepEP 2.1.0 (conformance/data/api-surface).  Runs once per session (its strategy yields one case)."""
 
 from __future__ import annotations
 
