@@ -3,7 +3,8 @@
     python -m conformance.repro P1-per-expert-payloads '{"tokens_per_rank": [3, 0], ...}' --nodes 1 --ranks-per-node 2
 
 Every failure message of the suite ends with such a line.  Exit status: 0 if the property holds, 1 if
-it fails (the message is printed), 2 on bad arguments.
+it fails or a rank raised, hung or died (the message, with every rank's story, is printed), 2 on bad
+arguments.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from conformance.checks import CASE_TYPES, CHECKS
 from conformance.config import RunConfig
 from conformance.devices import visible_gpus
 from conformance.session import Session
-from conformance.world import WorldShape
+from conformance.world import RankFailure, WorldShape
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(config)
     try:
         session.check(args.property, example)
-    except AssertionError as failure:
+    except (AssertionError, RankFailure) as failure:  # a wrong result, or a rank that raised, hung or died
         print(f"FAILED {args.property}: {failure}")
         return 1
     finally:

@@ -59,3 +59,25 @@ def test_version_gate_fails_on_a_regression_against_the_baseline(suite, tmp_path
     assert any(r.startswith("P1-per-expert-payloads: passed in the baseline, failed now")
                for r in report["gate"]["regressions"])
     assert "GATE REGRESSION" in bad.stdout
+
+
+def test_a_rank_dying_mid_example_is_a_clear_failure_and_the_world_recovers(emulated_session) -> None:
+    """The library kills a rank inside dispatch: the check fails naming that rank (others' stacks shown),
+    the world is rebuilt, and the very next example runs normally."""
+    import pytest
+
+    from conformance.example import Example
+    from conformance.world import RankCrashed
+
+    example = Example(tokens_per_rank=(0, 2), hidden=128, num_topk=1, num_experts=2)
+    with emulated_session.planted("rank-dies-in-dispatch"), pytest.raises(RankCrashed) as info:
+        emulated_session.check("P1-per-expert-payloads", example)
+    assert info.value.culprits == [1] and "exited with code -9" in info.value.per_rank[1]
+    assert info.value.per_rank[0]  # the survivor's side too: its traceback (gloo saw the peer go) or stacks
+    emulated_session.check("P1-per-expert-payloads", example)  # a fresh world, same session: holds again
+    replay = subprocess.run(
+        [sys.executable, "-m", "conformance.repro", "P1-per-expert-payloads", example.to_json(), "--backends",
+         "emulated", "--device", "cpu", "--mutant", "rank-dies-in-dispatch"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert replay.returncode == 1 and "crashed (process died) on rank(s) [1]" in replay.stdout, replay.stdout
