@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.config import RunConfig
-from conformance.example import Example
 from conformance.gate import compare
 
 USER_PROPERTY = "conformance"
@@ -211,7 +210,3 @@ def markdown(document: dict[str, Any]) -> str:
         lines += [f"- improvement {i}" for i in gate["improvements"]]
     return "\n".join(lines) + "\n"
 
-
-def example_of(entry: PropertyEntry) -> Example | None:
-    """The counterexample of a failed entry as an :class:`Example`."""
-    return Example.from_json(json.dumps(entry.counterexample)) if entry.counterexample else None

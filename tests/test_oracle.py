@@ -3,7 +3,7 @@
 import torch
 
 from conformance.example import Example, RankInputs
-from conformance.oracle import expected_receipts, expected_received_tokens, expected_round_trip
+from conformance.oracle import expected_receipts, expected_received_tokens, expected_round_trip_bf16
 
 
 def _inputs() -> tuple[Example, list[RankInputs]]:
@@ -38,8 +38,8 @@ def test_received_tokens_and_round_trip_by_hand() -> None:
     assert expected_received_tokens(example, inputs, 0) == [(0, 0), (0, 1)]
     assert expected_received_tokens(example, inputs, 1) == [(0, 0), (1, 0)]
     # token (0,0) reached both ranks, (0,1) only rank 0; (1,0) only rank 1.
-    assert expected_round_trip(example, inputs, 0).tolist() == [[2.0, 4.0], [3.0, 4.0]]
-    assert expected_round_trip(example, inputs, 1).tolist() == [[5.0, 6.0]]
+    assert expected_round_trip_bf16(example, inputs, 0).tolist() == [[2.0, 4.0], [3.0, 4.0]]
+    assert expected_round_trip_bf16(example, inputs, 1).tolist() == [[5.0, 6.0]]
 
 
 def test_masked_everything_receives_nothing() -> None:
@@ -47,4 +47,4 @@ def test_masked_everything_receives_nothing() -> None:
     for r in inputs:
         r.topk_idx.fill_(-1)
     assert len(expected_receipts(example, inputs, 0)) == 0
-    assert expected_round_trip(example, inputs, 0).abs().sum() == 0
+    assert expected_round_trip_bf16(example, inputs, 0).abs().sum() == 0

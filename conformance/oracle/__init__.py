@@ -5,7 +5,6 @@ description.  It shares no code with the emulation or the backends, and it is wr
 purpose: it defines the contract, so it must be easy to read and hard to get wrong.
 """
 
-from conformance.oracle.combine import expected_combine, expected_round_trip
 from conformance.oracle.counts import (
     expected_aligned_counts,
     expected_layout,
@@ -15,18 +14,39 @@ from conformance.oracle.counts import (
     expected_tokens_per_source_rank,
 )
 from conformance.oracle.receipts import Receipts, expected_receipts, expected_received_tokens
-from conformance.oracle.reduction import *  # noqa: F403 - combine/round-trip/gradient oracles (see its __all__)
+from conformance.oracle.reduction import (
+    ExpectedSum,
+    expected_combined_weights,
+    expected_dispatch_backward,
+    expected_round_trip_bf16,
+    expected_round_trip_sum,
+    expected_rows_by_source,
+    expected_scaled_combine,
+    reach_counts,
+    reached_ranks,
+    scaled_expert_row,
+    scaled_weight,
+)
 
 __all__ = [
+    "ExpectedSum",
     "Receipts",
+    "expected_combined_weights",
+    "expected_dispatch_backward",
+    "expected_round_trip_bf16",
+    "expected_round_trip_sum",
+    "expected_rows_by_source",
+    "expected_scaled_combine",
+    "reach_counts",
+    "reached_ranks",
+    "scaled_expert_row",
+    "scaled_weight",
     "expected_aligned_counts",
     "expected_layout",
     "expected_psum_per_expert",
     "expected_raw_counts",
     "expected_recv_topk_idx",
     "expected_tokens_per_source_rank",
-    "expected_combine",
     "expected_receipts",
     "expected_received_tokens",
-    "expected_round_trip",
 ]
