@@ -19,6 +19,14 @@ class RunConfig:
     mutant: str | None = None
     gpu_ids: tuple[str, ...] = ()
     rank_env: dict[str, str] = field(default_factory=dict)
+    max_examples: int = 25
+    seed: int | None = None
+    #: World restarts after crashes or hangs that one property may spend (a run may spend 4 times as many).
+    max_restarts: int = 3
+    #: Why ``auto`` settled on what it did (e.g. the real deep_ep's import error), for the report header.
+    notes: tuple[str, ...] = ()
+    #: What the import probe of the real ``deep_ep`` found (``importable``, ``version``, ``error``, ...).
+    deep_ep_probe: dict = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:

@@ -38,8 +38,10 @@ def compare(baseline: dict[str, Any], current: dict[str, Any]) -> dict[str, list
     before, now = _by_id(baseline), _by_id(current)
     for pid, old in sorted(before.items()):
         new = now.get(pid)
-        if new is None:
-            regressions.append(f"{pid}: ran in the baseline, missing now")
+        if old["status"] == "not-run":
+            continue
+        if new is None or new["status"] == "not-run":
+            regressions.append(f"{pid}: ran in the baseline, {'missing' if new is None else 'not run'} now")
             continue
         if old["status"] in HOLDS and new["status"] == "failed":
             regressions.append(f"{pid}: {old['status']} in the baseline, failed now: {new.get('message') or ''}"[:500])

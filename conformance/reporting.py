@@ -19,7 +19,8 @@ from conformance.config import RunConfig
 from conformance.gate import compare
 
 USER_PROPERTY = "conformance"
-STATUSES = ("passed", "failed", "skipped", "divergence", "unsupported")
+SCHEMA = 2
+STATUSES = ("passed", "failed", "skipped", "divergence", "unsupported", "not-run")
 
 
 def repro_command(property_id: str, example_json: str, config: RunConfig) -> str:
@@ -43,6 +44,7 @@ class PropertyEntry:
     divergences: dict[str, str] = field(default_factory=dict)
     unsupported: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)
+    cause: dict[str, Any] | None = None  # a crash, hang or broken construction that stopped the property
 
 
 def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
@@ -70,6 +72,7 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         divergences=recorded["divergences"],
         unsupported=_with_capability_gaps(recorded["unsupported"], config),
         artifacts=recorded.get("artifacts", {}),
+        cause=recorded.get("cause"),
     )
     if report.failed:
         entry.message = _failure_message(report)
@@ -120,6 +123,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "device": config.device,
         "seed": seed,
         "mutant": config.mutant,
+        "notes": list(config.notes),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
     }
 
@@ -133,35 +137,140 @@ def summarise(entries: list[PropertyEntry]) -> dict[str, int]:
     return counts
 
 
-def write_reports(
-    report_dir: str,
+def headline(entries: list[PropertyEntry]) -> list[str]:
+    """The line(s) at the top of the terminal summary and the report when crashes, hangs or a broken
+    construction stopped properties (one cause, said once, instead of once per property)."""
+    from conformance.harness.faults import describe_cause
+
+    broken: dict[str, dict[str, Any]] = {}
+    stopped: dict[str, list[str]] = {}
+    for e in entries:
+        if not e.cause:
+            continue
+        if e.cause.get("kind") == "construction":
+            broken.update(e.cause["broken"])
+        else:
+            stopped.setdefault(describe_cause(e.cause), []).append(e.id)
+    lines = []
+    if broken:
+        kinds = {c["kind"] for c in broken.values()}
+        verb = "crashed" if "crash" in kinds else "hung" if "hang" in kinds else "raised"
+        lines.append(f"The library {verb} on buffer construction: " + "; ".join(map(describe_cause, broken.values()))
+                     + f". {sum(1 for e in entries if e.cause and e.cause.get('kind') == 'construction')} "
+                     f"properties were not checked.")
+    for cause, ids in stopped.items():
+        lines.append(f"Crash/hang budget spent by {', '.join(ids)}: {cause}.")
+    return lines
+
+
+def build_document(
     env: dict[str, Any],
     entries: list[PropertyEntry],
     wall_s: float,
-    baseline: dict[str, Any] | None = None,
+    catalog: list[str],
+    *,
+    interrupted: bool = False,
 ) -> dict[str, Any]:
-    """Write ``conformance.json`` and ``conformance.md`` into ``report_dir``; return the document.
-
-    With a ``baseline`` report, the document gets a ``gate`` section (see :mod:`conformance.gate`).
-    """
-    os.makedirs(report_dir, exist_ok=True)
-    entries = sorted(entries, key=lambda e: (_property_number(e.id), e.test))
-    document = {
-        "schema": 1,
+    """The report: every property of ``catalog`` (those that did not run as ``not-run``), completeness, headline."""
+    ran = {e.id for e in entries}
+    not_run = [pid for pid in catalog if pid not in ran]
+    reasons = []
+    if interrupted:
+        reasons.append("the run was interrupted")
+    if not_run:
+        reasons.append(f"{len(not_run)} of {len(catalog)} properties did not run"
+                       + ("" if interrupted else " (a subset was selected: -k, --deselect or paths)"))
+    placeholders = [PropertyEntry(id=pid, test="", backends=[b["name"] for b in env["backends"]], status="not-run",
+                                  examples=0, wall_s=0.0, message="not run: " + "; ".join(reasons))
+                    for pid in not_run]
+    entries = sorted(entries + placeholders, key=lambda e: (_property_number(e.id), e.test))
+    return {
+        "schema": SCHEMA,
+        "complete": not reasons,
+        "incomplete_reason": "; ".join(reasons) or None,
+        "not_run": not_run,
+        "headline": headline(entries),
         "environment": env,
         "wall_s": round(wall_s, 3),
         "summary": summarise(entries),
         "properties": [vars(e) for e in entries],
     }
-    if baseline is not None:
-        document["gate"] = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
-    json_path = os.path.join(report_dir, "conformance.json")
+
+
+def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
+    """Write ``conformance.json`` and ``conformance.md`` into ``report_dir``; return the document with ``path``.
+
+    A partial run never replaces a complete report: it goes to ``conformance.partial.json`` / ``.md`` then.
+    """
+    os.makedirs(report_dir, exist_ok=True)
+    name = "conformance"
+    existing = os.path.join(report_dir, "conformance.json")
+    if not document["complete"] and os.path.exists(existing):
+        try:
+            with open(existing) as f:
+                kept = json.load(f).get("complete", True)
+        except (OSError, ValueError):
+            kept = False
+        if kept:
+            name = "conformance.partial"
+            document["kept_complete_report"] = existing
+    json_path = os.path.join(report_dir, f"{name}.json")
     with open(json_path, "w") as f:
         json.dump(document, f, indent=2, default=str)
-    with open(os.path.join(report_dir, "conformance.md"), "w") as f:
+    with open(os.path.join(report_dir, f"{name}.md"), "w") as f:
         f.write(markdown(document))
     document["path"] = json_path
     return document
+
+
+def finish_run(
+    report_dir: str,
+    config: RunConfig,
+    entries: list[PropertyEntry],
+    wall_s: float,
+    *,
+    baseline: dict[str, Any] | None = None,
+    interrupted: bool = False,
+    allow_partial: bool = False,
+) -> dict[str, Any]:
+    """Build, gate and write the run's report (controller, end of the session)."""
+    from conformance.backends.probe import probe_module
+    from conformance.properties.support import load_catalog
+
+    probes = {"deep_ep": config.deep_ep_probe or None, "conformance.emulation": probe_module("conformance.emulation")}
+    env = environment(config, probes, config.seed)
+    document = build_document(env, entries, wall_s, list(load_catalog()), interrupted=interrupted)
+    if baseline is not None:
+        gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
+        if not document["complete"] and not allow_partial:
+            gate["regressions"].insert(0, f"this run is partial ({document['incomplete_reason']}): the version gate "
+                                          f"needs a complete run; pass --allow-partial to compare anyway")
+        document["gate"] = gate
+    write_reports(report_dir, document)
+    document["gate_failed"] = bool(baseline is not None and document["gate"]["regressions"])
+    return document
+
+
+def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]:
+    """The terminal summary: one line per property, completeness, the gate, where the reports are."""
+    styles = {"failed": {"red": True}, "not-run": {"yellow": True}, "passed": {"green": True}}
+    lines = []
+    for p in document["properties"]:
+        lines.append((f"{p['id']:<28} {p['status']:<12} {p['examples']:>4} examples {p['wall_s']:>8.1f} s",
+                      styles.get(p["status"], {})))
+    if not document["complete"]:
+        lines.append((f"PARTIAL RUN: {document['incomplete_reason']}", {"yellow": True, "bold": True}))
+    gate = document.get("gate")
+    if gate is not None:
+        for line in gate["regressions"]:
+            lines.append((f"GATE REGRESSION {line}", {"red": True}))
+        lines.append((f"version gate: {len(gate['regressions'])} regression(s), {len(gate['improvements'])} "
+                      f"improvement(s)", {"red": bool(gate["regressions"])}))
+    if document.get("kept_complete_report"):
+        lines.append((f"partial report written beside the complete one ({document['kept_complete_report']}, kept)",
+                      {"yellow": True}))
+    lines.append((f"conformance report: {document['path']}", {}))
+    return lines
 
 
 def _property_number(property_id: str) -> int:
@@ -172,10 +281,14 @@ def _property_number(property_id: str) -> int:
 def markdown(document: dict[str, Any]) -> str:
     """The human summary: header, verdict table, then each failure with its counterexample and repro."""
     env, summary = document["environment"], document["summary"]
+    top = [f"**{line}**" for line in document.get("headline", [])]
+    if document.get("complete") is False:
+        top.append(f"**Partial run: {document['incomplete_reason']}.** Not run: {', '.join(document['not_run'])}.")
     backends = ", ".join(f"{b['name']} ({'real' if b['real'] else 'emulated'})" for b in env["backends"])
     lines = [
         "# DeepEP conformance report",
         "",
+        *[line for text in top for line in (text, "")],
         f"- backends: {backends}",
         f"- world: {env['nodes']} node(s) x {env['ranks_per_node']} rank(s), device {env['device']}",
         f"- torch {env['torch']}, deep_ep {env['deep_ep']}, seed {env['seed']}"

@@ -13,13 +13,10 @@ import argparse
 import sys
 
 from conformance import config as run_config
-from conformance.backends.probe import real_deep_ep_available
-from conformance.backends.spec import parse_backends
 from conformance.checks import CASE_TYPES, CHECKS
-from conformance.config import RunConfig
-from conformance.devices import visible_gpus
+from conformance.harness.options import build_run_config
 from conformance.session import Session
-from conformance.world import RankFailure, WorldShape
+from conformance.world import RankFailure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,15 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         example = CASE_TYPES[args.property].from_json(args.example)
         example.validate()
-        backends = parse_backends(args.backends, real_deep_ep_available())
-    except (ValueError, TypeError) as exc:
+        config = build_run_config(args)
+    except (ValueError, TypeError) as exc:  # SetupError is a ValueError
         parser.error(str(exc))
-    shape = WorldShape(args.nodes, args.ranks_per_node)
-    if example.world_size != shape.size:
-        parser.error(f"the example is written for {example.world_size} ranks, the world has {shape.size}")
-    device = args.device if args.device != "auto" else ("cuda" if visible_gpus() else "cpu")
-    config = RunConfig(shape, tuple(backends), device, args.example_timeout, args.mutant,
-                       tuple(visible_gpus()[: shape.size]) if device == "cuda" else ())
+    if example.world_size != config.world_size:
+        parser.error(f"the example is written for {example.world_size} ranks, the world has {config.world_size}")
+    backends = config.backends
     run_config.set_active(config)
     session = Session(config)
     try:

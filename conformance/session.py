@@ -11,8 +11,9 @@ from typing import Any
 from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
 from conformance.config import RunConfig
 from conformance.example import Example
+from conformance.harness.faults import FaultBudget, cause_of
 from conformance.tasks.settings import TaskSettings
-from conformance.world import World
+from conformance.world import RankFailure, World
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Recorder:
     unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)  # JSON-able snapshots attached to the report
     rejected: dict[str, set[str]] = field(default_factory=dict)  # backend -> examples it rejected
+    cause: dict[str, Any] | None = None  # why the property failed when a crash or hang stopped it
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -37,6 +39,7 @@ class Recorder:
             "divergences": self.divergences,
             "unsupported": self.unsupported,
             "artifacts": self.artifacts,
+            "cause": self.cause,
             "wall_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -48,7 +51,9 @@ class Session:
         self.config = config
         self.recorder = Recorder()
         self.mutant = config.mutant
+        self.budget = FaultBudget(config.max_restarts)
         self._world: World | None = None
+        self._broken: dict[str | None, dict[str, dict[str, Any]]] = {}  # mutant -> backend -> cause
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -91,6 +96,27 @@ class Session:
         self.recorder.examples += 1
         self.recorder.last_example = example
         CHECKS[property_id](self, example)
+
+    def broken_backends(self) -> dict[str, dict[str, Any]]:
+        """Backends whose buffer construction crashes, hangs or raises (backend -> cause), found once per mutant
+        by building one small buffer per backend on the ranks (see :mod:`conformance.harness.faults`)."""
+        if self.mutant not in self._broken:
+            from conformance.tasks.preflight import construct
+
+            world_size = self.config.world_size
+            example = Example(tokens_per_rank=(0,) * world_size, hidden=256, num_topk=1, num_experts=world_size,
+                              num_max_tokens_per_rank=16)
+            broken: dict[str, dict[str, Any]] = {}
+            for backend in self.config.backends:
+                settings = TaskSettings((backend.name,), self.mutant)
+                target = f"{construct.__module__}:{construct.__name__}"
+                try:
+                    self.world.run(target, settings, example, timeout=self.config.example_timeout_s)
+                except RankFailure as failure:
+                    self.budget.run_restarts += 1
+                    broken[backend.name] = cause_of(failure, backend.name)
+            self._broken[self.mutant] = broken
+        return self._broken[self.mutant]
 
     # ------------------------------------------------------------------------------ shared task calls
     def dispatch_views(

@@ -84,8 +84,7 @@ def test_backend_selection_is_strict() -> None:
     assert [b.name for b in parse_backends("auto", real_available=False)] == ["emulated-v1", "emulated-v2"]
     assert [b.name for b in parse_backends("auto", real_available=True)] == ["real-v1", "real-v2"]
     assert parse_backends("emulated-v2", False) == [BackendSpec("emulated", "v2")]
-    with pytest.raises(ValueError, match="not importable"):
-        parse_backends("real-v1", real_available=False)
+    # (A real backend where deep_ep does not import is a set-up error: tests/test_fault_matrix.py.)
     with pytest.raises(ValueError, match="unknown backend 'v3'"):
         parse_backends("v3", False)
     with pytest.raises(ValueError, match="twice"):

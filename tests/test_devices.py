@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conformance.devices import gpu_slice, max_gpu_workers, visible_gpus
-from conformance.plugin import GPU_RANK_ENV
+from conformance.harness.options import GPU_RANK_ENV
 from conformance.world import World, WorldShape
 from tests.conftest import ROOT
 

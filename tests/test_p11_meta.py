@@ -1,5 +1,6 @@
 """Meta-tests of P11: QP cap, combine SM reuse, too many tokens, and the pinned-maximum preflight."""
 
+import pytest
 from hypothesis import find, settings
 
 from conformance.strategies_errors import qp_cases
@@ -61,3 +62,29 @@ def test_p11_strategy_reaches_its_corners() -> None:
     find(strategy, lambda c: c.offender == 1 and c.example.tokens_per_rank[1] == 0, settings=generous)
     find(strategy, lambda c: c.over_qps >= 32, settings=generous)
     find(strategy, lambda c: c.example.hidden == 128, settings=generous)  # combine limit on V2
+
+
+@pytest.mark.parametrize("nodes, ranks_per_node", [(1, 1), (1, 3), (2, 2)], ids=["1-rank", "3-ranks", "4-ranks"])
+def test_p11_holds_at_any_world_size(nodes: int, ranks_per_node: int) -> None:
+    """The preflight's expectation comes from the world (one rank has nobody to disagree with); the 2-rank
+    world is covered above."""
+    from conformance.backends.spec import parse_backends
+    from conformance.config import RunConfig
+    from conformance.session import Session
+    from conformance.world import WorldShape
+
+    shape = WorldShape(nodes, ranks_per_node)
+    session = Session(RunConfig(shape, tuple(parse_backends("emulated", False)), "cpu", 120.0))
+    try:
+        assert_holds(session, P11, sample(qp_cases(shape.size), 3))
+    finally:
+        session.close()
+
+
+def test_p11_expects_no_mismatch_in_a_one_rank_world() -> None:
+    from conformance.checks.p11_qp_cap import expected_preflight
+
+    (one,) = sample(qp_cases(1), 1)
+    assert expected_preflight(one) is None
+    (three,) = sample(qp_cases(3), 1)
+    assert sorted(r for ranks in expected_preflight(three).values() for r in ranks) == [0, 1, 2]

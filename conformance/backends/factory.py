@@ -8,6 +8,7 @@ from typing import Any
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
 from conformance.backends.spec import BackendSpec
+from conformance.backends.tracing import trace_classes
 from conformance.world.rank import cached, context, on_shutdown
 
 MODULES = {"real": "deep_ep", "emulated": "conformance.emulation"}
@@ -19,7 +20,9 @@ def get_adapter(spec: BackendSpec) -> Any:
 
     def build() -> Any:
         ctx = context()
-        adapter = ADAPTERS[spec.api](spec, importlib.import_module(MODULES[spec.impl]), ctx.group, ctx.num_nodes)
+        module = importlib.import_module(MODULES[spec.impl])
+        trace_classes(module, spec.impl)
+        adapter = ADAPTERS[spec.api](spec, module, ctx.group, ctx.num_nodes)
         on_shutdown(adapter.destroy)
         return adapter
 

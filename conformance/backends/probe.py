@@ -46,6 +46,25 @@ def cuda_device_count() -> int:
         return 0
 
 
-def real_deep_ep_available() -> bool:
-    """Whether the real ``deep_ep`` can be used: importable and a GPU present."""
-    return probe_module("deep_ep")["importable"] and cuda_device_count() > 0
+
+
+def probe_in_subprocess(module_name: str, timeout_s: float = 120.0) -> dict[str, Any]:
+    """:func:`probe_module` run in a fresh interpreter: a library whose import crashes or hangs cannot take the
+    caller (the pytest process) with it.  The result says so instead."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys; from conformance.backends.probe import probe_module; "
+            "print(json.dumps(probe_module(sys.argv[1])))")
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, module_name], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"module": module_name, "importable": False, "error": f"import did not finish in {timeout_s:.0f} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"module": module_name, "importable": False,
+            "error": f"importing {module_name} killed the interpreter (exit {proc.returncode}): {tail}"}

@@ -69,6 +69,14 @@ class QpCase:
             raise ValueError(f"over_qps/over_tokens must be >= 1 and offender a rank: {self}")
 
 
+def expected_preflight(case: QpCase) -> dict[int, list[int]] | None:
+    """What the preflight must report when ``case.offender`` pins one more than every other rank: the value ->
+    ranks map of the disagreement, or ``None`` in a world of one rank (nobody to disagree with)."""
+    pinned = case.example.num_max_tokens_per_rank
+    others = [r for r in range(case.world_size) if r != case.offender]
+    return {pinned: others, pinned + 1: [case.offender]} if others else None
+
+
 def _check_caps(got: dict, backend: str, rank: int) -> None:
     __tracebackhide__ = True
     for mode, allowed in (("hybrid", (AUTO_QPS_HYBRID, AUTO_QPS_HYBRID_FAST_ATOMICS)), ("direct", (AUTO_QPS_DIRECT,))):
@@ -99,12 +107,12 @@ def check_qp_cap(session, case: QpCase) -> None:  # noqa: ANN001 - conformance.s
         for rank, got in enumerate(results):
             _check_caps(got, backend, rank)
             verdict = got["preflight_disagree"]
-            others = [r for r in range(case.world_size) if r != case.offender]
-            pinned = example.num_max_tokens_per_rank
-            expected_holders = {v: r for v, r in ((pinned, others), (pinned + 1, [case.offender])) if r}
-            if verdict is None or verdict[1] != expected_holders:
+            expected_holders = expected_preflight(case)
+            if (verdict and verdict[1]) != expected_holders:
+                expected = f"a mismatch naming {expected_holders}" if expected_holders else (
+                    "no mismatch (a world of one rank cannot disagree with itself)")
                 raise AssertionError(
-                    f"preflight on rank {rank} reported {verdict!r}, expected a mismatch naming {expected_holders} "
+                    f"preflight on rank {rank} reported {verdict!r}, expected {expected} "
                     f"[conformance.preflight.check_pinned_max(num_max_tokens_per_rank) with rank {case.offender} "
                     f"holding {example.num_max_tokens_per_rank + 1}]"
                 )

@@ -20,6 +20,7 @@ from pathlib import Path
 from conformance import config as run_config
 from conformance.backends.spec import parse_backends
 from conformance.config import RunConfig
+from conformance.harness.options import DEFAULT_MAX_EXAMPLES
 from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
 from conformance.mutation.killmatrix import (
     exit_status,
@@ -31,7 +32,6 @@ from conformance.mutation.killmatrix import (
     write_report,
 )
 from conformance.mutation.runner import Budget, load_catalog, run_mutants
-from conformance.plugin import DEFAULT_MAX_EXAMPLES
 from conformance.session import Session
 from conformance.world import WorldShape
 

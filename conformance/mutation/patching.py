@@ -15,6 +15,7 @@ import torch
 
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
+from conformance.backends.tracing import TARGET
 from conformance.backends.views import DispatchView
 
 
@@ -25,17 +26,25 @@ def wrap_method(cls: type, name: str, wrapper: Callable[..., Any]) -> Iterator[N
     Use it on emulation internals (``ElasticBuffer._receive``, ``Buffer.dispatch``) to model a library
     bug at the place a real one would sit, so every output derived from it (handles, combine) is affected.
     """
-    original = cls.__dict__[name]
+    attribute = cls.__dict__[name]
+    traced = hasattr(attribute, TARGET)  # patch inside the trace wrapper: the call is still named when it crashes
+    original = getattr(attribute, TARGET) if traced else attribute
 
     @functools.wraps(original)  # keeps name, docstring and signature: the API surface (P14) is unchanged
     def patched(self: Any, *args: Any, **kwargs: Any) -> Any:
         return wrapper(original, self, *args, **kwargs)
 
-    setattr(cls, name, patched)
+    if traced:
+        setattr(attribute, TARGET, patched)
+    else:
+        setattr(cls, name, patched)
     try:
         yield
     finally:
-        setattr(cls, name, original)
+        if traced:
+            setattr(attribute, TARGET, original)
+        else:
+            setattr(cls, name, original)
 
 
 @contextlib.contextmanager

@@ -43,7 +43,11 @@ def activate(name: str | None) -> AbstractContextManager[None]:
     """The context in which mutant ``name`` is active (a no-op for ``None``)."""
     if name is None:
         return contextlib.nullcontext()
+    import conformance.emulation
+    from conformance.backends.tracing import trace_classes
     from conformance.mutation import mutants  # noqa: F401 - registers the catalog
+
+    trace_classes(conformance.emulation, "emulated")  # trace first: a mutant's patch is then traced too
 
     try:
         return MUTANTS[name].patch()

@@ -12,10 +12,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hypothesis import given
 from hypothesis import strategies as st
 
 from conformance.checks import CHECKS
+from conformance.harness.driver import run_property
 
 #: property id -> the strategy its property test draws from.
 STRATEGIES: dict[str, st.SearchStrategy[Any]] = {}
@@ -28,9 +28,8 @@ def property_test(property_id: str, strategy: st.SearchStrategy[Any]) -> Callabl
     STRATEGIES[property_id] = strategy
 
     @pytest.mark.conformance_property(property_id)
-    @given(example=strategy)
-    def test(conformance: Any, example: Any) -> None:
-        conformance.check(property_id, example)
+    def test(conformance: Any) -> None:
+        run_property(conformance, property_id, strategy)
 
     test.__doc__ = CHECKS[property_id].__doc__
     return test

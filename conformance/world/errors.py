@@ -12,16 +12,42 @@ class RankFailure(RuntimeError):
 
     kind = "failed"
 
-    def __init__(self, target: str, per_rank: dict[int, str], culprits: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        per_rank: dict[int, str],
+        culprits: list[int] | None = None,
+        calls: dict[int, str] | None = None,
+        signals: dict[int, str] | None = None,
+    ) -> None:
         self.target = target
         self.per_rank = per_rank
         self.culprits = sorted(per_rank) if culprits is None else sorted(culprits)
+        #: rank -> the library call it was in (``backend|Class.method``, see ``world.rank.current_call``).
+        self.calls = dict(calls or {})
+        #: rank -> the signal that killed it (``SIGSEGV``), for crashed ranks.
+        self.signals = dict(signals or {})
         waiting = sorted(set(per_rank) - set(self.culprits))
         headline = f"{target}: {self.kind} on rank(s) {self.culprits}"
+        where = [f"rank {r}" + (f" by {self.signals[r]}" if r in self.signals else "")
+                 + (f" in {describe_call(self.calls[r])}" if self.calls.get(r) else "") for r in self.culprits]
+        if any(r in self.signals or self.calls.get(r) for r in self.culprits):
+            headline += " (" + "; ".join(where) + ")"
         if waiting:
             headline += f"; rank(s) {waiting} were still running (their stacks follow)"
         details = "\n".join(f"--- rank {rank} ---\n{text.rstrip()}" for rank, text in sorted(per_rank.items()))
         super().__init__(f"{headline}\n{details}")
+
+
+    def culprit_call(self) -> str | None:
+        """The library call the first culprit was in (``backend|Class.method``), if it was in one."""
+        return next((self.calls[r] for r in self.culprits if self.calls.get(r)), None)
+
+
+def describe_call(call: str) -> str:
+    """``emulated-v2|ElasticBuffer.__init__`` -> ``ElasticBuffer.__init__ [emulated-v2]``; task names unchanged."""
+    backend, sep, name = call.partition("|")
+    return f"{name} [{backend}]" if sep else call
 
 
 class RankRaised(RankFailure):

@@ -14,6 +14,7 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankTimeout, WorldError
-from conformance.world.rank import STACK_DUMP_SIGNAL, rank_main
+from conformance.world.rank import CALL_SLOT_BYTES, STACK_DUMP_SIGNAL, call_file, rank_main
 
 #: How long ranks that did not raise are given to finish after another rank raised.
 GRACE_AFTER_ERROR_S = 5.0
@@ -76,6 +77,7 @@ class World:
     start_timeout_s: float = 180.0
     log_dir: str | None = None
     starts: int = 0
+    _busy: bool = field(default=False, repr=False)
     _ranks: list[_Rank] = field(default_factory=list, repr=False)
     _store: Any = field(default=None, repr=False)
     _own_log_dir: bool = field(default=False, repr=False)
@@ -155,8 +157,12 @@ class World:
         return env
 
     def close(self) -> None:
-        """Shut the world down cleanly (bounded), killing whatever does not exit in time."""
-        if self._ranks and self.alive:
+        """Shut the world down cleanly (bounded), killing whatever does not exit in time.
+
+        A world interrupted in the middle of a task (Ctrl-C) is killed at once: its ranks would not read the
+        shutdown message before the task ends.
+        """
+        if self._ranks and self.alive and not self._busy:
             for r in self._ranks:
                 try:
                     r.conn.send_bytes(pickle.dumps(("shutdown",)))
@@ -180,6 +186,7 @@ class World:
             r.conn.close()
         self._ranks = []
         self._store = None
+        self._busy = False
 
     def __enter__(self) -> World:
         return self
@@ -197,20 +204,24 @@ class World:
         if not self.alive:
             self.start()
         message = pickle.dumps(("run", target, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        self._busy = True
         for r in self._ranks:
             r.log_offset = os.path.getsize(r.log_path) if os.path.exists(r.log_path) else 0
             r.conn.send_bytes(message)
         try:
-            return self._collect(target, timeout, expect="ok")
-        except RankFailure:
+            results = self._collect(target, timeout, expect="ok")
+        except BaseException:  # a failed rank, or Ctrl-C: a world left mid-task is never reused
             self.kill()
             raise
+        self._busy = False
+        return results
 
     def _collect(self, target: str, timeout: float, expect: str) -> list[Any]:
         deadline = time.monotonic() + timeout
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         crashed: dict[int, str] = {}
+        signals: dict[int, str] = {}
         pending = {r.conn: r for r in self._ranks}
         while pending:
             remaining = deadline - time.monotonic()
@@ -224,7 +235,11 @@ class World:
                     kind, value = pickle.loads(conn.recv_bytes())
                 except (EOFError, OSError):
                     r.process.join(2.0)
-                    crashed[r.rank] = f"process exited with code {r.process.exitcode}\n{self._log_tail(r)}"
+                    code = r.process.exitcode
+                    if code is not None and code < 0:
+                        signals[r.rank] = _signal_name(-code)
+                    crashed[r.rank] = f"process exited with code {code}" + (
+                        f" ({signals[r.rank]})" if r.rank in signals else "") + f"\n{self._log_tail(r)}"
                     continue
                 if kind == expect:
                     results[r.rank] = value
@@ -235,11 +250,21 @@ class World:
         if not pending and not errors and not crashed:
             return [results[r] for r in range(self.shape.size)]
         stuck = self._dump_stacks(list(pending.values()))
+        calls = {r.rank: call for r in self._ranks if (call := self._current_call(r))}
         if crashed:
-            raise RankCrashed(target, {**crashed, **errors, **stuck}, culprits=list(crashed))
+            raise RankCrashed(target, {**crashed, **errors, **stuck}, culprits=list(crashed), calls=calls,
+                              signals=signals)
         if errors:
-            raise RankRaised(target, {**errors, **stuck}, culprits=list(errors))
-        raise RankTimeout(target, stuck)
+            raise RankRaised(target, {**errors, **stuck}, culprits=list(errors), calls=calls)
+        raise RankTimeout(target, stuck, calls=calls)
+
+    def _current_call(self, r: _Rank) -> str:
+        """The call rank ``r`` is in (or died in), from its call file; empty if it is in none."""
+        try:
+            with open(call_file(r.log_path), "rb") as f:
+                return f.read(CALL_SLOT_BYTES).rstrip(b"\0").decode(errors="replace")
+        except OSError:
+            return ""
 
     def _dump_stacks(self, ranks: list[_Rank]) -> dict[int, str]:
         for r in ranks:
@@ -260,4 +285,11 @@ class World:
         except OSError as exc:
             return f"(no log: {exc})"
         return text[-_LOG_TAIL_CHARS:] if text else "(log empty)"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 

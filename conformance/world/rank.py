@@ -9,6 +9,7 @@ buffers must be destroyed before the group, or it crashes).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import faulthandler
@@ -20,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -28,8 +29,13 @@ from typing import Any
 #: Signal that makes every rank dump its Python stacks into its log.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
 
+#: Bytes of the per-rank "current call" file (see :func:`current_call`).
+CALL_SLOT_BYTES = 512
+
 _cache: dict[Any, Any] = {}
 _shutdown_hooks: list[Callable[[], None]] = []
+_calls: list[str] = []
+_call_fd: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,33 @@ def cached(key: Any, factory: Callable[[], Any]) -> Any:
 def on_shutdown(hook: Callable[[], None]) -> None:
     """Run ``hook`` when the world shuts down cleanly, before the process group is destroyed."""
     _shutdown_hooks.append(hook)
+
+
+def call_file(log_path: str) -> str:
+    """Where the rank writing ``log_path`` keeps the name of the library call it is in (read after a crash)."""
+    return log_path + ".call"
+
+
+def _write_call(text: str) -> None:
+    if _call_fd is not None:
+        os.pwrite(_call_fd, text.encode()[:CALL_SLOT_BYTES].ljust(CALL_SLOT_BYTES, b"\0"), 0)
+
+
+@contextlib.contextmanager
+def current_call(name: str) -> Iterator[None]:
+    """Note that this rank is inside ``name`` (e.g. ``emulated-v2|ElasticBuffer.__init__``) while the block runs.
+
+    The name is written to a small file beside the rank's log before the call starts, so that when the call
+    kills the process (a segfault in the library) or hangs, the controller can say which call it was.
+    Calls nest; on exit the enclosing call is written back.
+    """
+    _calls.append(name)
+    _write_call(name)
+    try:
+        yield
+    finally:
+        _calls.pop()
+        _write_call(_calls[-1] if _calls else "")
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -163,10 +196,12 @@ def _shutdown() -> None:
 
 def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: int, timeout_s: float) -> None:
     """Entry point of a rank process (target of the spawned ``multiprocessing.Process``)."""
-    global _context
+    global _context, _call_fd
     _redirect_output(log_path)
     os.environ.update(env)
     _die_with_parent(parent_pid)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle; it kills the ranks
+    _call_fd = os.open(call_file(log_path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
     try:
@@ -186,7 +221,8 @@ def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: 
             return
         _, target, args, kwargs = message
         try:
-            result = _resolve(target)(*args, **kwargs)
+            with current_call(target):
+                result = _resolve(target)(*args, **kwargs)
             reply: tuple = ("ok", result)
         except BaseException:  # reported to the controller, which retires this world
             reply = ("error", traceback.format_exc())

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from conformance.emulation import ElasticBuffer
+from conformance.emulation import Buffer, ElasticBuffer
 from conformance.mutation.patching import wrap_method
 from conformance.mutation.registry import register
 
@@ -24,4 +24,14 @@ def rank_dies_in_dispatch() -> Iterator[None]:
         return original(self, x, *args, **kwargs)
 
     with wrap_method(ElasticBuffer, "dispatch", dispatch):
+        yield
+
+
+@register("crash-on-construction", "harmful",
+          "the rank process dies by SIGSEGV whenever a Buffer or an ElasticBuffer is built (a broken library build)")
+def crash_on_construction() -> Iterator[None]:
+    def segfault(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    with wrap_method(Buffer, "__init__", segfault), wrap_method(ElasticBuffer, "__init__", segfault):
         yield

@@ -1,0 +1,66 @@
+"""Runs one property under Hypothesis, with the run's own settings and the crash/hang budget.
+
+The settings (examples, seed, health checks) are applied to the suite's own tests here, never through a
+global Hypothesis profile: a pytest run that also holds other Hypothesis tests keeps their settings.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from conformance.harness.faults import BudgetExhausted, describe_cause
+from conformance.world import RankFailure
+
+#: Health checks that do not fit a suite whose examples run on a multi-process world.
+SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+
+
+def run_property(session: Any, property_id: str, strategy: st.SearchStrategy[Any]) -> None:
+    """Draw cases from ``strategy`` and check ``property_id`` on each (the body of every property test).
+
+    Fails at once, without drawing, when a backend the property uses is broken on construction or the run's
+    fault budget is spent; stops with the smallest failing case when the property's own budget is spent.
+    """
+    __tracebackhide__ = True
+    recorder = session.recorder
+    recorder.property_id = property_id
+    broken = session.broken_backends()
+    if broken:
+        recorder.cause = {"kind": "construction", "broken": broken}
+        pytest.fail(
+            f"{property_id} not checked: the library is broken on buffer construction (construction preflight, "
+            f"before any example): " + "; ".join(describe_cause(c) for c in broken.values())
+            + ". Every property using these backends fails with this cause.", pytrace=False,
+        )
+    budget = session.budget
+    if budget.run_exhausted():
+        recorder.cause = budget.last_cause
+        pytest.fail(f"{property_id} not checked: the run spent its crash/hang budget ({budget.run_limit} world "
+                    f"restarts); last cause: {describe_cause(budget.last_cause or {'kind': 'error'})}", pytrace=False)
+    budget.start_property()
+    config = session.config
+
+    @settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED)
+    @given(case=strategy)
+    def body(case: Any) -> None:
+        started = time.monotonic()
+        try:
+            session.check(property_id, case)
+        except RankFailure as failure:
+            budget.charge(failure, case, time.monotonic() - started)
+            raise
+
+    if config.seed is not None:
+        body = seed(config.seed)(body)
+
+    try:
+        body()
+    except BudgetExhausted as exhausted:
+        recorder.last_example = exhausted.case
+        recorder.cause = exhausted.cause
+        pytest.fail(f"{property_id}: {exhausted}", pytrace=False)

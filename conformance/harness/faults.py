@@ -1,0 +1,108 @@
+"""Crashes and hangs get a bounded budget, so that a broken library costs seconds, not an hour.
+
+A rank that dies or hangs costs a world restart (seconds on CPU, tens of seconds with real GPUs), and
+Hypothesis, shrinking, would ask for many.  Three rules keep that bounded:
+
+- **Construction preflight.** Before the first example, every backend builds a buffer on the ranks, one
+  backend at a time.  A backend that crashes, hangs or raises there is *broken*: every property that uses it
+  fails at once with that cause (signal, call, backend) instead of rediscovering it example by example.
+- **Per property.** A property may spend ``max_restarts`` world restarts (and :data:`FAULT_SECONDS` of
+  examples that crashed or hung).  Beyond that its run stops (:class:`BudgetExhausted`, which Hypothesis does
+  not catch) and the property fails with the smallest failing case found so far: during shrinking every new
+  failing case is smaller than the one before, so the last one is the smallest.
+- **Per run.** A run (one pytest-xdist worker) may spend ``4 * max_restarts`` restarts; after that every
+  remaining property fails at once, naming the last cause.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from conformance.world import RankCrashed, RankFailure, RankTimeout
+from conformance.world.errors import describe_call
+
+#: Seconds of crashed or hung examples one property may spend before it stops.
+FAULT_SECONDS = 60.0
+#: How many times the per-property restart budget a whole run may spend.
+RUN_BUDGET_FACTOR = 4
+
+
+def cause_of(failure: RankFailure, backend: str | None = None) -> dict[str, Any]:
+    """A JSON-able description of a rank failure: kind, signal, the library call, the backend, one line."""
+    call = failure.culprit_call() or ""
+    call_backend, _, call_name = call.partition("|") if "|" in call else ("", "", call)
+    kind = "crash" if isinstance(failure, RankCrashed) else "hang" if isinstance(failure, RankTimeout) else "error"
+    signal = next((failure.signals[r] for r in failure.culprits if r in failure.signals), None)
+    return {
+        "kind": kind,
+        "backend": backend or call_backend or None,
+        "call": call_name or None,
+        "signal": signal,
+        "summary": str(failure).splitlines()[0],
+    }
+
+
+def describe_cause(cause: dict[str, Any]) -> str:
+    """One line: ``emulated-v2: every rank ... died by SIGSEGV in ElasticBuffer.__init__``."""
+    what = {"crash": "a rank died" + (f" by {cause['signal']}" if cause.get("signal") else ""),
+            "hang": "the ranks hung", "error": "a rank raised"}[cause["kind"]]
+    where = f" in {describe_call(cause['call'])}" if cause.get("call") else ""
+    return f"{cause.get('backend') or 'the library'}: {what}{where}"
+
+
+class BudgetExhausted(BaseException):  # noqa: N818 - a BaseException on purpose: Hypothesis must let it through
+    """The crash/hang budget is spent: stop the property now, with the smallest failing case found."""
+
+    def __init__(self, message: str, case: Any, cause: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.case = case
+        self.cause = cause
+
+
+@dataclass
+class FaultBudget:
+    """World restarts and seconds spent on crashed or hung examples, per property and per run."""
+
+    max_restarts: int
+    run_restarts: int = 0
+    property_restarts: int = 0
+    property_seconds: float = 0.0
+    last_cause: dict[str, Any] | None = None
+    smallest: Any = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def run_limit(self) -> int:
+        """Restarts a whole run may spend."""
+        return RUN_BUDGET_FACTOR * self.max_restarts
+
+    def start_property(self) -> None:
+        """A new property starts with a full per-property budget."""
+        self.property_restarts, self.property_seconds, self.smallest = 0, 0.0, None
+
+    def run_exhausted(self) -> bool:
+        """Whether the run spent its restarts (remaining properties then fail at once)."""
+        return self.run_restarts > self.run_limit
+
+    def charge(self, failure: RankFailure, case: Any, seconds: float) -> None:
+        """Account for one crashed or hung example; raise :class:`BudgetExhausted` once the budget is spent."""
+        self.property_restarts += 1
+        self.run_restarts += 1
+        self.property_seconds += seconds
+        self.last_cause = cause_of(failure)
+        self.smallest = case
+        spent = []
+        if self.property_restarts > self.max_restarts:
+            spent.append(f"{self.property_restarts} world restarts (--max-restarts {self.max_restarts})")
+        elif self.property_seconds > FAULT_SECONDS and self.property_restarts > 1:
+            spent.append(f"{self.property_seconds:.0f} s of crashed or hung examples (at most {FAULT_SECONDS:.0f} s)")
+        if self.run_exhausted():
+            spent.append(f"the run's {self.run_limit} restarts")
+        if spent:
+            raise BudgetExhausted(
+                f"stopped after {' and '.join(spent)}: {describe_cause(self.last_cause)}; the smallest failing case "
+                f"found so far is reported (shrinking stopped at the budget). Last failure: {failure}",
+                case, self.last_cause,
+            )

@@ -1,0 +1,196 @@
+"""The suite's command-line options: declared once, validated before anything starts.
+
+:data:`OPTIONS` is what ``pytest_addoption`` registers (``conformance.plugin``) and what ``conformance.repro``
+reuses.  Every option defaults to ``None`` on the command line, so the plugin can tell "given" from "not
+given" (a given option selects the suite); :data:`DEFAULTS` fills the rest.  :func:`build_run_config` turns
+them into a :class:`~conformance.config.RunConfig` or raises :class:`SetupError` with one line naming what
+is wrong and how to fix it: an impossible set-up never starts a world.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_EXAMPLES = 25
+#: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
+GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option of the suite."""
+
+    flag: str
+    help: str
+    type: Any = str
+    default: Any = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def dest(self) -> str:
+        """The attribute on ``config.option``."""
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--nodes", "nodes in the rank world (default 1)", int, 1, "N"),
+    Option("--ranks-per-node", "ranks per node (default 2)", int, 2, "R"),
+    Option("--backends", "auto (the real deep_ep where it is usable, else the emulation), emulated, real, or a "
+           "list such as emulated-v1,real-v2 (default auto)", str, "auto", "LIST"),
+    Option("--device", "where ranks run: cuda (NCCL, one GPU per rank), cpu (gloo), or auto: cuda when there is "
+           "a GPU for every rank (default auto)", str, "auto", "DEVICE", DEVICES),
+    Option("--report-dir", "where reports are written (default reports)", str, "reports", "DIR"),
+    Option("--max-examples", f"Hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES})", int,
+           DEFAULT_MAX_EXAMPLES, "N"),
+    Option("--example-timeout", "seconds one example may take on the ranks before they are declared hung "
+           "(default 120)", float, 120.0, "S"),
+    Option("--max-restarts", "world restarts after crashes or hangs that one property may spend before it is "
+           "reported with the smallest failing case found; a run may spend 4 times as many (default 3)",
+           int, 3, "N"),
+    Option("--conformance-seed", "seed of every draw (default: random, printed in the header and the report)",
+           int, None, "N"),
+    Option("--baseline", "a previous conformance.json: fail if a property regressed, a capability disappeared "
+           "or the API surface changed", str, None, "FILE"),
+    Option("--mutant", "plant a registered defect in the emulation (self-tests; see docs/mutation.md)", str, None,
+           "NAME"),
+)
+DEFAULTS = {option.dest: option.default for option in OPTIONS}
+#: Flags without a value.
+FLAGS = (
+    ("--conformance", "run the DeepEP conformance suite (implied by any other option of the suite, or by "
+     "naming its property tests)"),
+    ("--allow-partial", "let the version gate compare partial runs (a subset of the properties, or an "
+     "interrupted run)"),
+)
+
+
+class SetupError(ValueError):
+    """The options describe a run that cannot work; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the run may use here (found once, in the controller; injectable for tests)."""
+
+    gpus: tuple[str, ...]
+    deep_ep: dict[str, Any]  # probe result of the real deep_ep (``importable``, ``error``, ``version``, ...)
+
+
+def option_values(option: Any) -> dict[str, Any]:
+    """Every suite option's value, defaults filled in (``option`` is ``config.option`` or an argparse result)."""
+    values = {dest: getattr(option, dest, None) for dest in DEFAULTS}
+    return {dest: DEFAULTS[dest] if value is None else value for dest, value in values.items()}
+
+
+def given_options(option: Any) -> list[str]:
+    """The suite options given on the command line (either spelling), as flags."""
+    given = [o.flag for o in OPTIONS if getattr(option, o.dest, None) is not None]
+    return given + [flag for flag, _ in FLAGS if getattr(option, flag[2:].replace("-", "_"), False)]
+
+
+def detect_machine(real_asked: bool) -> Machine:
+    """GPUs visible here (without creating a CUDA context) and, where the real deep_ep could be used, whether it
+    imports (probed in a subprocess, so that a library crashing on import cannot take pytest with it)."""
+    from conformance.backends.probe import probe_in_subprocess
+    from conformance.devices import visible_gpus
+
+    gpus = tuple(visible_gpus())
+    if not gpus and not real_asked:
+        return Machine(gpus, {"module": "deep_ep", "importable": False, "error": "not probed: no GPU here"})
+    return Machine(gpus, probe_in_subprocess("deep_ep"))
+
+
+def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:
+    """The :class:`~conformance.config.RunConfig` of ``option``; :class:`SetupError` if the run cannot work."""
+    from conformance.backends.spec import parse_backends, wants_real
+    from conformance.config import RunConfig
+    from conformance.world import WorldShape
+
+    v = option_values(option)
+    for dest in ("nodes", "ranks_per_node", "max_examples"):
+        if v[dest] < 1:
+            raise SetupError(f"--{dest.replace('_', '-')} must be at least 1, got {v[dest]}")
+    if v["max_restarts"] < 0:
+        raise SetupError(f"--max-restarts must be 0 or more, got {v['max_restarts']}")
+    if v["example_timeout"] <= 0:
+        raise SetupError(f"--example-timeout must be positive, got {v['example_timeout']}")
+    if v["device"] not in DEVICES:
+        raise SetupError(f"--device must be one of {', '.join(DEVICES)}, got {v['device']!r}")
+    try:
+        named = parse_backends(v["backends"], real_available=False) if v["backends"].strip() != "auto" else None
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    shape = WorldShape(v["nodes"], v["ranks_per_node"])
+    real_asked = wants_real(v["backends"])
+    if real_asked and shape.size < 2:
+        raise SetupError(
+            f"--backends {v['backends']}: the real DeepEP needs at least 2 ranks (it asserts 'Unsupported number of "
+            f"EP ranks: 1'), and this world has {shape.size}; use --ranks-per-node 2 (or --nodes 2)"
+        )
+    if machine is None:
+        machine = detect_machine(real_asked)
+    gpus = machine.gpus
+    notes: list[str] = []
+    if v["device"] == "cuda" and not gpus:
+        raise SetupError("--device cuda: no CUDA GPU is visible here (check CUDA_VISIBLE_DEVICES and the driver); "
+                         "use --device cpu")
+    if real_asked and not gpus:
+        raise SetupError(f"--backends {v['backends']}: the real DeepEP runs on CUDA GPUs and none is visible here; "
+                         f"use --backends emulated to run the suite on the emulation")
+    if real_asked and not machine.deep_ep.get("importable"):
+        raise SetupError(f"--backends {v['backends']}: the real deep_ep does not import here: "
+                         f"{machine.deep_ep.get('error')}")
+    needed = shape.size * max(1, workers)
+    enough_gpus = len(gpus) >= needed
+    if v["device"] == "cuda" or real_asked:
+        if not enough_gpus:
+            raise SetupError(
+                f"{'--device cuda' if v['device'] == 'cuda' else '--backends ' + v['backends']}: one GPU per rank is "
+                f"needed, {needed} in all ({shape.nodes} node(s) x {shape.ranks_per_node} rank(s)"
+                + (f" x {workers} xdist workers" if workers > 1 else "") + f"), but {len(gpus)} "
+                f"{'is' if len(gpus) == 1 else 'are'} visible here; use fewer --ranks-per-node"
+                + (", fewer -n workers" if workers > 1 else "") + " or --device cpu"
+                + (" (the real DeepEP needs at least 2 ranks)" if real_asked else "")
+            )
+        device = "cuda"
+    elif v["device"] == "auto":
+        device = "cuda" if gpus and enough_gpus else "cpu"
+        if gpus and not enough_gpus:
+            notes.append(f"--device auto chose cpu: {len(gpus)} GPU(s) for {needed} rank(s)")
+    else:
+        device = "cpu"
+    if named is None:  # auto
+        usable = device == "cuda" and shape.size >= 2 and bool(machine.deep_ep.get("importable"))
+        named = parse_backends("real" if usable else "emulated", real_available=usable)
+        if not usable:
+            why = machine.deep_ep.get("error") if not machine.deep_ep.get("importable") else (
+                "it needs a CUDA world of at least 2 ranks")
+            notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
+    if v["mutant"] is not None:
+        from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
+
+        if v["mutant"] not in MUTANTS:
+            raise SetupError(f"--mutant {v['mutant']!r} is not registered; known: {', '.join(sorted(MUTANTS))}")
+        if not any(not b.real for b in named):
+            raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
+                             f"no emulated backend")
+    gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size]) if device == "cuda" else ()
+    seed = v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32)
+    return RunConfig(
+        shape=shape,
+        backends=tuple(named),
+        device=device,
+        example_timeout_s=v["example_timeout"],
+        mutant=v["mutant"],
+        gpu_ids=gpu_ids,
+        rank_env=dict(GPU_RANK_ENV) if device == "cuda" else {},
+        max_examples=v["max_examples"],
+        seed=seed,
+        max_restarts=v["max_restarts"],
+        notes=tuple(notes),
+        deep_ep_probe=dict(machine.deep_ep),
+    )

@@ -1,0 +1,177 @@
+"""A selected conformance run: the object ``conformance.plugin`` registers with pytest when the suite runs.
+
+It holds the run's state (configuration, the worker's session, the report entries) and implements the hooks
+that only a conformance run needs: set-up checks, the xdist seed hand-over, the report header, recording each
+property's outcome, the reports, the version gate and the terminal summary.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from conformance.harness.options import Machine, SetupError, build_run_config, option_values
+
+#: Key of the resolved set-up handed from the xdist controller to its workers.
+WORKER_INPUT = "conformance_run"
+
+
+class ConformanceRun:
+    """One conformance run, in the pytest controller or in one pytest-xdist worker."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        workerinput = getattr(config, "workerinput", None)
+        self.is_worker = workerinput is not None
+        self.started = time.monotonic()
+        self.entries: list[Any] = []
+        self.document: dict[str, Any] | None = None
+        self.baseline: dict[str, Any] | None = None
+        self.session: Any = None
+        try:
+            self.run = self._resolve(workerinput)
+        except SetupError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        from conformance import config as run_config
+
+        run_config.set_active(self.run)
+        values = option_values(config.option)
+        self.report_dir = values["report_dir"]
+        if not self.is_worker:
+            if values["baseline"]:
+                self.baseline = self._load_baseline(values["baseline"])
+            if not config.option.xmlpath and not config.option.collectonly:
+                config.option.xmlpath = os.path.join(self.report_dir, "junit.xml")
+
+    def _resolve(self, workerinput: dict[str, Any] | None) -> Any:
+        """The run configuration: checked in the controller, handed to the workers as resolved values."""
+        option = self.config.option
+        if workerinput is None:
+            workers = getattr(option, "numprocesses", None) or 1
+            dist = getattr(option, "dist", "no")
+            return build_run_config(option, workers=workers if isinstance(workers, int) and dist != "no" else 1)
+        resolved = workerinput[WORKER_INPUT]
+        from types import SimpleNamespace
+
+        values = {**vars(option), **resolved["options"]}
+        machine = Machine(tuple(resolved["gpus"]), {"importable": True})
+        index = int(workerinput.get("workerid", "gw0").removeprefix("gw"))
+        return build_run_config(SimpleNamespace(**values), machine, worker=index, workers=resolved["workers"])
+
+    def _load_baseline(self, path: str) -> dict[str, Any]:
+        from conformance.gate import load_report
+
+        try:
+            baseline = load_report(path)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        if baseline.get("complete") is False and not self.config.option.allow_partial:
+            raise pytest.UsageError(
+                f"--baseline {path} is a partial run ({baseline.get('incomplete_reason')}): a version gate needs "
+                f"a complete baseline; pass --allow-partial to compare anyway")
+        return baseline
+
+    # ------------------------------------------------------------------------------------------- xdist
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """(xdist controller) every worker gets the controller's resolved set-up and seed."""
+        run = self.run
+        node.workerinput[WORKER_INPUT] = {
+            "options": {"backends": ",".join(b.name for b in run.backends), "device": run.device,
+                        "conformance_seed": run.seed},
+            "gpus": list(_gpus_for_workers(run)),
+            "workers": getattr(self.config.option, "numprocesses", 1) or 1,
+        }
+
+    # ------------------------------------------------------------------------------------------ header
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        run = self.run
+        kinds = ", ".join(f"{b.name} ({'real' if b.real else 'emulated'})" for b in run.backends)
+        lines = [f"conformance: backends {kinds}; world {run.shape.nodes} node(s) x {run.shape.ranks_per_node} "
+                 f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"]
+        return lines + [f"conformance: {note}" for note in run.notes]
+
+    # ---------------------------------------------------------------------------------- the worker side
+    def session_fixture(self) -> Iterator[Any]:
+        """Body of the ``conformance`` fixture: the worker's session, closed at the end."""
+        from conformance.session import Session
+
+        self.session = Session(self.run)
+        try:
+            yield self.session
+        finally:
+            self.session.close()
+            self.session = None
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        if self.session is not None:
+            from conformance.session import Recorder
+
+            self.session.recorder = Recorder()
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[Any]:
+        report = yield
+        if report.when != "call" or self.session is None or item.get_closest_marker("conformance_property") is None:
+            return report
+        from conformance.reporting import USER_PROPERTY, repro_command
+
+        recorded = self.session.recorder.as_dict()
+        report.user_properties.append((USER_PROPERTY, recorded))
+        if report.failed and recorded["last_example"]:
+            report.sections.append(("conformance reproduction",
+                                    repro_command(recorded["id"], recorded["last_example"], self.run)))
+        return report
+
+    # ------------------------------------------------------------------------------ the controller side
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" or self.is_worker:
+            return
+        from conformance.reporting import entry_from_report
+
+        entry = entry_from_report(report, self.run)
+        if entry is not None:
+            self.entries.append(entry)
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.is_worker or self.config.option.collectonly:
+            return
+        from conformance.reporting import finish_run
+
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
+        self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
+                                   baseline=self.baseline, interrupted=interrupted,
+                                   allow_partial=bool(self.config.option.allow_partial))
+        if self.document.get("gate_failed") and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> Iterator[None]:
+        document = self.document
+        if document is not None and document.get("headline"):
+            terminalreporter.section("DeepEP conformance", sep="=", red=True, bold=True)
+            for line in document["headline"]:
+                terminalreporter.write_line(line, red=True, bold=True)
+        yield
+        if document is None:
+            return
+        from conformance.reporting import summary_lines
+
+        terminalreporter.section("DeepEP conformance summary", sep="-")
+        for line, style in summary_lines(document):
+            terminalreporter.write_line(line, **style)
+
+
+def _gpus_for_workers(run: Any) -> tuple[str, ...]:
+    """All GPUs visible to the controller (each worker takes its own slice)."""
+    if run.device != "cuda":
+        return ()
+    from conformance.devices import visible_gpus
+
+    return tuple(visible_gpus())

@@ -1,0 +1,306 @@
+"""The fault matrix: a broken library, an impossible set-up, an interrupted run, a pytest run that is not ours.
+
+Each case runs pytest as a user would (a subprocess) and checks the message, the exit code, the time it took
+and that no process is left behind.  The times are printed (``-s``) for the closing notes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conformance.harness.options import Machine, SetupError, build_run_config
+from tests.conftest import ROOT
+
+PROPERTIES = 14
+
+
+def _pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,
+            ) -> tuple[subprocess.CompletedProcess, float]:
+    """Run pytest in its own process group; fail if any process of that group outlives it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    took = time.monotonic() - started
+    assert_group_gone(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
+
+
+def assert_group_gone(pgid: int, grace_s: float = 5.0) -> None:
+    """No process of process group ``pgid`` (pytest, its xdist workers, their rank processes) is alive."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
+        rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
+        left = [" ".join(row) for row in rows if row[0] == str(pgid) and not row[1].startswith("Z")]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, "processes of the run outlived it:\n" + "\n".join(left)
+
+
+def _report(report_dir: Path, name: str = "conformance.json") -> dict:
+    return json.loads((report_dir / name).read_text())
+
+
+# ------------------------------------------------------------------------------------ a broken library
+
+
+def test_crash_on_construction_fails_every_property_fast_with_one_headline(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    proc, took = _pytest(["-n", "auto", "--nodes", "2", "--mutant", "crash-on-construction", f"--report-dir={reports}"],
+                         timeout=300)
+    print(f"crash-on-construction: exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert took <= 120, f"took {took:.0f} s"
+    headline = ("The library crashed on buffer construction: emulated-v1: a rank died by SIGSEGV in Buffer.__init__; "
+                "emulated-v2: a rank died by SIGSEGV in ElasticBuffer.__init__.")
+    summary_start = proc.stdout.index("DeepEP conformance")
+    assert headline in proc.stdout[summary_start:summary_start + 600], proc.stdout[-3000:]
+    report = _report(reports)
+    assert report["headline"][0].startswith(headline)
+    assert [p["status"] for p in report["properties"]] == ["failed"] * PROPERTIES
+    for entry in report["properties"]:
+        assert "SIGSEGV in Buffer.__init__" in entry["message"] and "SIGSEGV in ElasticBuffer.__init__" in entry[
+            "message"], entry["message"]
+
+
+def test_a_rank_dying_in_dispatch_spends_a_bounded_budget(tmp_path: Path) -> None:
+    """Each crash restarts the world; shrinking stops at the budget with the smallest case found, and once the
+    run's budget is spent the remaining properties fail at once."""
+    reports = tmp_path / "reports"
+    proc, took = _pytest(["-p", "no:xdist", "--nodes", "1", "--max-restarts", "2", "--mutant", "rank-dies-in-dispatch",
+                          f"--report-dir={reports}", "-q"], timeout=600)
+    print(f"rank-dies-in-dispatch (budget 2, run budget 8): exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    report = _report(reports)
+    failed = [p for p in report["properties"] if p["status"] == "failed"]
+    assert failed, report["summary"]
+    first = failed[0]
+    assert "stopped after 3 world restarts (--max-restarts 2)" in first["message"], first["message"]
+    assert "SIGKILL in ElasticBuffer.dispatch [emulated-v2]" in first["message"], first["message"]
+    assert first["counterexample"] is not None and first["repro"]
+    assert any("spent its crash/hang budget" in p["message"] for p in failed), [p["message"] for p in failed]
+    assert took <= 180, f"took {took:.0f} s"
+
+
+# ------------------------------------------------------------------------------------ impossible set-ups
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--backends", "real", "--ranks-per-node", "1"], "the real DeepEP needs at least 2 ranks"),
+    (["--backends", "real"], "the real DeepEP runs on CUDA GPUs and none is visible here"),
+    (["--device", "cuda"], "--device cuda: no CUDA GPU is visible here"),
+    (["--backends", "bogus"], "unknown backend 'bogus': expected one of emulated-v1, emulated-v2, real-v1, real-v2"),
+    (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+    (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
+    (["--mutant", "nope"], "--mutant 'nope' is not registered; known:"),
+    (["--baseline", "/nonexistent/conformance.json"], "is not a readable conformance report"),
+], ids=["real-1-rank", "real-no-gpu", "cuda-no-gpu", "unknown-backend", "zero-nodes", "unknown-device",
+        "unknown-mutant", "missing-baseline"])
+def test_an_impossible_set_up_is_one_line_before_anything_starts(args: list[str], expected: str,
+                                                                  tmp_path: Path) -> None:
+    proc, took = _pytest([*args, f"--report-dir={tmp_path}"], env={"CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+    print(f"{' '.join(args)}: exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == pytest.ExitCode.USAGE_ERROR, proc.stdout[-2000:] + proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines()  # pytest's own usage line aside (argparse's errors)
+              if line.startswith(("ERROR:", "python -m pytest: error:")) and not line.startswith("ERROR: usage:")]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "INTERNALERROR" not in proc.stdout + proc.stderr
+    assert not list(tmp_path.iterdir()), "a refused run wrote reports"
+    assert took <= 30, f"took {took:.0f} s"
+
+
+def _machine(gpus: int, deep_ep: bool = True, error: str = "") -> Machine:
+    return Machine(tuple(str(i) for i in range(gpus)), {"importable": deep_ep, "error": error})
+
+
+def _options(**values: object) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**values)
+
+
+def test_set_up_checks_that_need_gpus() -> None:
+    """The set-ups a CPU machine cannot show end to end, through the same function the plugin calls."""
+    with pytest.raises(SetupError, match=r"one GPU per rank is needed, 4 in all .* but 2 are visible here"):
+        build_run_config(_options(device="cuda", nodes=2), _machine(2))
+    with pytest.raises(SetupError, match=r"needed, 4 in all \(1 node\(s\) x 2 rank\(s\) x 2 xdist workers\)"):
+        build_run_config(_options(device="cuda"), _machine(2), workers=2)
+    with pytest.raises(SetupError, match="the real deep_ep does not import here: ImportError: libnccl.so.2: cannot"):
+        build_run_config(_options(backends="real"), _machine(2, False, "ImportError: libnccl.so.2: cannot open"))
+    with pytest.raises(SetupError, match=r"needed, 2 in all .* but 1 is visible here.*needs at least 2 ranks"):
+        build_run_config(_options(backends="real-v1"), _machine(1))
+    with pytest.raises(SetupError, match="selects no emulated backend"):
+        build_run_config(_options(backends="real", mutant="flip-one-byte"), _machine(2))
+    auto = build_run_config(_options(), _machine(1))  # one GPU for two ranks: auto takes the CPU, says why
+    assert auto.device == "cpu" and [b.name for b in auto.backends] == ["emulated-v1", "emulated-v2"]
+    assert any("--device auto chose cpu" in note for note in auto.notes)
+    real = build_run_config(_options(), _machine(2))
+    assert real.device == "cuda" and [b.name for b in real.backends] == ["real-v1", "real-v2"]
+    assert real.gpu_ids == ("0", "1") and real.rank_env["NCCL_NVLS_ENABLE"] == "0"
+
+
+# ------------------------------------------------------------------------------------ a guest in others' runs
+
+GUEST_TEST = '''
+import sys
+from hypothesis import given, settings, strategies as st
+
+TORCH_AT_COLLECTION = "torch" in sys.modules
+
+
+def test_guest_state():
+    assert not TORCH_AT_COLLECTION, "torch was imported before the tests were collected"
+    assert settings._current_profile == "default", settings._current_profile
+    assert settings.default.max_examples == 100, settings.default.max_examples
+
+
+@settings(database=None)
+@given(st.integers())
+def test_theirs(x):
+    assert x == x
+'''
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if "__pycache__" not in p.parts}
+
+
+def test_installed_plugin_is_a_guest_in_an_unrelated_run(tmp_path: Path) -> None:
+    """The plugin is loaded through its entry point (the suite is installed in this environment) into a run of
+    someone else's tests: no torch at collection, Hypothesis' settings untouched, nothing written (compared with
+    the same run without the plugin)."""
+    entry_points = subprocess.run([sys.executable, "-c", "from importlib.metadata import entry_points; "
+                                   "print([e.value for e in entry_points(group='pytest11')])"],
+                                  capture_output=True, text=True).stdout
+    assert "conformance.plugin" in entry_points, "the suite is not installed here (pip install -e .)"
+    runs = {}
+    for name, extra in (("with", []), ("without", ["-p", "no:conformance.plugin"])):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "test_theirs.py").write_text(GUEST_TEST)
+        before = _files(folder)
+        proc, took = _pytest(["-q", "-p", "no:cacheprovider", *extra], cwd=folder, env={"PYTHONPATH": ""})
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        runs[name] = (_files(folder) - before, took)
+        print(f"unrelated run {name} the plugin: {took:.1f} s, new files {sorted(runs[name][0])}")
+    # Hypothesis caches the constants of every module it finds outside site-packages under .hypothesis/constants:
+    # with an editable install that includes the plugin's own modules (a regular install is in site-packages).
+    ours = {name: {f for f in files if not f.startswith(".hypothesis")} for name, (files, _) in runs.items()}
+    assert ours["with"] == ours["without"], "the plugin wrote files into someone else's run"
+    assert not any(f.startswith("reports") or f.endswith(".xml") for f in runs["with"][0])
+
+
+def test_suite_runs_without_xdist(tmp_path: Path) -> None:
+    """``-p no:xdist``: the whole suite, serially, same results."""
+    reports = tmp_path / "reports"
+    proc, took = _pytest(["-p", "no:xdist", "-q", "--max-examples", "3", f"--report-dir={reports}"])
+    print(f"-p no:xdist --max-examples 3: exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    report = _report(reports)
+    assert report["complete"] and report["summary"]["total"] == PROPERTIES and report["summary"]["failed"] == 0
+
+
+def test_suite_runs_where_xdist_is_not_installed(tmp_path: Path) -> None:
+    """As without the package: no entry points are loaded and ``import xdist`` fails; only the suite's plugin
+    and Hypothesis' are named.  (CI also uninstalls pytest-xdist for real and runs the main job.)"""
+    blocker = tmp_path / "site"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\nclass _NoXdist:\n    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'xdist' or name.startswith('xdist.'):\n"
+        "            raise ModuleNotFoundError(\"No module named 'xdist'\", name=name)\n"
+        "sys.meta_path.insert(0, _NoXdist())\n")
+    reports = tmp_path / "reports"
+    proc, took = _pytest(["-p", "conformance.plugin", "-p", "hypothesis.extra.pytestplugin", "-q", "--max-examples",
+                          "3", f"--report-dir={reports}"],
+                         env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": f"{blocker}:{ROOT}"})
+    print(f"without xdist --max-examples 3: exit {proc.returncode} in {took:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert _report(reports)["summary"]["passed"] + _report(reports)["summary"]["divergence"] >= 1
+
+
+# ------------------------------------------------------------------------------------ option spellings
+
+
+def test_options_mean_the_same_in_both_spellings(tmp_path: Path) -> None:
+    """``--baseline PATH --report-dir DIR`` (the value after a space, outside the checkout) collects exactly the
+    properties, like the ``=`` spelling."""
+    outside = tmp_path / "old"
+    outside.mkdir()
+    good, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={outside}", "-q"])
+    assert good.returncode == 0, good.stdout[-2000:]
+    baseline = outside / "conformance.json"
+    collected = {}
+    for spelling, args in (("space", ["--baseline", str(baseline), "--report-dir", str(tmp_path / "a")]),
+                           ("equals", [f"--baseline={baseline}", f"--report-dir={tmp_path / 'b'}"])):
+        proc, took = _pytest(["-n", "2", "--nodes", "2", "--collect-only", "-q", *args])
+        assert proc.returncode == 0, proc.stdout[-2000:]
+        collected[spelling] = sorted(line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line)
+        print(f"{spelling}: {len(collected[spelling])} tests collected in {took:.1f} s")
+    assert collected["space"] == collected["equals"] and len(collected["space"]) == PROPERTIES
+    proc, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", "--baseline", str(baseline), "--report-dir",
+                       str(tmp_path / "c"), "-q"])
+    assert proc.returncode == 0 and "14 passed" in proc.stdout, proc.stdout[-2000:]
+
+
+# ------------------------------------------------------------------------------------ partial runs
+
+
+def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    full, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={reports}", "-q"])
+    assert full.returncode == 0 and _report(reports)["complete"], full.stdout[-2000:]
+    subset, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={reports}", "-q", "-k",
+                         "payloads or counts"])
+    assert subset.returncode == 0, subset.stdout[-2000:]
+    assert _report(reports)["complete"], "a partial run replaced the complete report"
+    partial = _report(reports, "conformance.partial.json")
+    assert partial["complete"] is False and "a subset was selected" in partial["incomplete_reason"]
+    assert len(partial["not_run"]) == PROPERTIES - 2 and "P3-recv-topk-idx" in partial["not_run"]
+    assert {p["status"] for p in partial["properties"] if p["id"] in partial["not_run"]} == {"not-run"}
+    assert "PARTIAL RUN" in subset.stdout
+    gate, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={tmp_path / 'g'}", "-q",
+                       "--baseline", str(reports / "conformance.partial.json")])
+    assert gate.returncode == pytest.ExitCode.USAGE_ERROR and "is a partial run" in gate.stderr, gate.stderr
+
+
+def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--nodes", "2", f"--report-dir={reports}",
+                             "--max-examples", "200", "-v"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # wait until a property finished and others are running examples
+        line = proc.stdout.readline()
+        lines.append(line)
+        if " PASSED " in line or " FAILED " in line:
+            break
+    time.sleep(2.0)
+    started = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - started
+    print(f"interrupted: exit {proc.returncode} {took:.1f} s after SIGINT")
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, "".join(lines)[-2000:] + out[-2000:]
+    assert took <= 10, f"took {took:.1f} s to stop"
+    assert_group_gone(proc.pid)
+    report = _report(reports)
+    assert report["complete"] is False and report["incomplete_reason"].startswith("the run was interrupted")
+    assert report["not_run"] and len(report["not_run"]) < PROPERTIES, report["not_run"]
