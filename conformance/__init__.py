@@ -1,14 +1,17 @@
 """deepep-conformance: a property-based conformance suite for DeepEP's MoE dispatch/combine.
 
-The pieces, each in its own module:
-- :mod:`conformance.example`: the plain description of one example and the deterministic inputs built from it.
-- :mod:`conformance.strategies`: Hypothesis strategies drawing examples (controller only).
-- :mod:`conformance.oracle`: the independent, obviously-correct expected results.
-- :mod:`conformance.world`: the persistent multi-process rank world (torchrun semantics).
-- :mod:`conformance.backends`: adapters for ``deep_ep.Buffer`` / ``deep_ep.ElasticBuffer`` (real or emulated).
+The house (docs/architecture.md has the tour), from the controller's side down to the ranks':
+
+- :mod:`conformance.plugin`: the pytest entry point; :mod:`conformance.harness`: a selected run (set-up checks,
+  the session that owns the rank world, the property driver, the crash/hang budget).
+- :mod:`conformance.properties`: one module per contract item (P1-P14), each with its registry entry;
+  :mod:`conformance.strategies`: the Hypothesis draws; :mod:`conformance.oracle`: the expected results;
+  :mod:`conformance.assertions` and :mod:`conformance.canonical`: comparing what ranks returned.
+- :mod:`conformance.reporting`: the reports and the version gate; :mod:`conformance.mutation`: the kill matrix.
+- :mod:`conformance.core`: plain data both sides share (examples, cases, views, backend names).
+- Rank side: :mod:`conformance.world` (the process world), :mod:`conformance.tasks` (what ranks run),
+  :mod:`conformance.backends` (adapters for ``Buffer`` / ``ElasticBuffer``), :mod:`conformance.mutants`.
 - :mod:`conformance.emulation`: a pure-PyTorch model of the ``deep_ep`` API.
-- :mod:`conformance.checks`: one check per contract item (P1-P14), shared by tests and ``conformance.repro``.
-- :mod:`conformance.plugin` / :mod:`conformance.reporting`: the pytest plugin and its reports.
 """
 
 __version__ = "0.1.0"

@@ -93,7 +93,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     values = option_values(config.option)
     if values["device"] == "cpu":
         return None
-    from conformance.devices import visible_gpus
+    from conformance.harness.devices import visible_gpus
 
     gpus = len(visible_gpus())
     world = values["nodes"] * values["ranks_per_node"]
@@ -102,7 +102,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 @pytest.fixture(scope="session")
 def conformance(request: pytest.FixtureRequest) -> Any:
-    """The worker's :class:`~conformance.session.Session` (its rank world starts on first use)."""
+    """The worker's :class:`~conformance.harness.session.Session` (its rank world starts on first use)."""
     run = request.config.pluginmanager.get_plugin(RUN_PLUGIN)
     if run is None:
         pytest.fail("the DeepEP conformance properties were collected, but the suite is not selected in this run: "

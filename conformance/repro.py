@@ -12,17 +12,17 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance import config as run_config
-from conformance.checks import CASE_TYPES, CHECKS
 from conformance.harness.options import build_run_config
-from conformance.session import Session
-from conformance.world import RankFailure
+from conformance.harness.session import Session
+from conformance.properties import NotApplicable, catalog
+from conformance.world.errors import RankFailure
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse arguments, run the check once, print the verdict."""
     parser = argparse.ArgumentParser(prog="python -m conformance.repro", description=__doc__.split("\n\n")[0])
-    parser.add_argument("property", choices=sorted(CHECKS), metavar="PROPERTY", help="e.g. P1-per-expert-payloads")
+    properties = catalog()
+    parser.add_argument("property", choices=list(properties), metavar="PROPERTY", help="e.g. P1-per-expert-payloads")
     parser.add_argument("example", help="the example (case) as JSON, from a report or a failure message")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--ranks-per-node", type=int, default=2)
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutant", default=None)
     args = parser.parse_args(argv)
     try:
-        example = CASE_TYPES[args.property].from_json(args.example)
+        example = properties[args.property].case_type.from_json(args.example)
         example.validate()
         config = build_run_config(args)
     except (ValueError, TypeError) as exc:  # SetupError is a ValueError
@@ -40,13 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     if example.world_size != config.world_size:
         parser.error(f"the example is written for {example.world_size} ranks, the world has {config.world_size}")
     backends = config.backends
-    run_config.set_active(config)
     session = Session(config)
     try:
         session.check(args.property, example)
     except (AssertionError, RankFailure) as failure:  # a wrong result, or a rank that raised, hung or died
         print(f"FAILED {args.property}: {failure}")
         return 1
+    except NotApplicable as reason:
+        print(f"NOT APPLICABLE {args.property}: {reason}")
+        return 0
     finally:
         session.close()
     print(f"PASSED {args.property} on {', '.join(b.name for b in backends)}")

@@ -11,9 +11,9 @@ import torch.distributed as dist
 import conformance.emulation as emulation
 from conformance.backends.elastic import MAX_LIVE_BUFFERS, ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
-from conformance.backends.spec import BackendSpec
-from conformance.backends.views import DispatchOptions
-from conformance.example import Example, build_rank_inputs
+from conformance.core.example import Example, build_rank_inputs
+from conformance.core.spec import BackendSpec
+from conformance.core.views import DispatchOptions
 from conformance.world import rank as rank_module
 from conformance.world.rank import context
 

@@ -32,14 +32,12 @@ def suite(tmp_path: Path):
 @pytest.fixture(scope="session")
 def emulated_session():
     """A session on a 1-node x 2-rank CPU world over the emulated V1 and V2 (shared by meta-tests)."""
-    from conformance import config as run_config
-    from conformance.backends.spec import parse_backends
-    from conformance.config import RunConfig
-    from conformance.session import Session
-    from conformance.world import WorldShape
+    from conformance.core.spec import parse_backends
+    from conformance.harness.config import RunConfig
+    from conformance.harness.session import Session
+    from conformance.world.launcher import WorldShape
 
     config = RunConfig(WorldShape(1, 2), tuple(parse_backends("emulated", False)), "cpu", 120.0)
-    run_config.set_active(config)
     session = Session(config)
     yield session
     session.close()
@@ -48,10 +46,10 @@ def emulated_session():
 @pytest.fixture(scope="session")
 def two_node_session():
     """A session on a 2-node x 2-rank CPU world (internode paths) over the emulated V1 and V2."""
-    from conformance.backends.spec import parse_backends
-    from conformance.config import RunConfig
-    from conformance.session import Session
-    from conformance.world import WorldShape
+    from conformance.core.spec import parse_backends
+    from conformance.harness.config import RunConfig
+    from conformance.harness.session import Session
+    from conformance.world.launcher import WorldShape
 
     session = Session(RunConfig(WorldShape(2, 2), tuple(parse_backends("emulated", False)), "cpu", 120.0))
     yield session

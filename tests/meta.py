@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from conformance.example import Example
-from conformance.session import Session
+from conformance.core.example import Example
+from conformance.harness.session import Session
 
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
 FIND_SETTINGS = settings(

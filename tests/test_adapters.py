@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.backends.probe import probe_module
-from conformance.backends.spec import BackendSpec, parse_backends
-from conformance.world import World, WorldShape
+from conformance.core.probe import probe_module
+from conformance.core.spec import BackendSpec, parse_backends
+from conformance.world.launcher import World, WorldShape
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from conformance.devices import gpu_slice, max_gpu_workers, visible_gpus
+from conformance.harness.devices import gpu_slice, max_gpu_workers, visible_gpus
 from conformance.harness.options import GPU_RANK_ENV
-from conformance.world import World, WorldShape
+from conformance.world.launcher import World, WorldShape
 from tests.conftest import ROOT
 
 needs_two_gpus = pytest.mark.skipif(len(visible_gpus()) < 2, reason="needs 2 GPUs (run on the accelerator machine)")

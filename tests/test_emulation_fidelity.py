@@ -1,7 +1,7 @@
 """Fidelity of ``conformance.emulation`` against the real DeepEP recordings (2 x H200).
 
 Every recorded case is replayed on a 2-rank gloo world (CPU) and every recorded field is compared byte for
-byte (``conformance.emulation.replay``); the recorded errors are re-triggered; a Megatron-style integrator
+byte (``tests.replay``); the recorded errors are re-triggered; a Megatron-style integrator
 (``fused_a2a.py``) runs unchanged against ``import conformance.emulation as deep_ep``.
 
 The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU).
@@ -16,14 +16,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conformance.emulation import replay
-from conformance.world import World, WorldShape
+from conformance.world.launcher import World, WorldShape
+from tests import replay
 
 WORLD_SIZE = 2
 TIMEOUT_S = 120
 CASES = replay.recorded_case_names()
-JOBS = [(f"case:{name}", "conformance.emulation.replay:replay_recorded_case", (name,)) for name in CASES] + [
-    ("errors", "conformance.emulation.replay:replay_recorded_errors", ()),
+JOBS = [(f"case:{name}", "tests.replay:replay_recorded_case", (name,)) for name in CASES] + [
+    ("errors", "tests.replay:replay_recorded_errors", ()),
     ("megatron", "tests.test_emulation_fidelity:megatron_style_round_trip", ()),
     ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", ()),
 ]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conformance.gate import compare, load_report
+from conformance.reporting.gate import compare, load_report
 
 
 def _report(*entries: dict) -> dict:

@@ -9,17 +9,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import strategies as st
 
 from conformance.canonical import receipts_from_view
-from conformance.example import Example
-from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
+from conformance.core.example import Example
+from conformance.mutants import load_catalog
 from conformance.mutation.killmatrix import exit_status, mutant_entry, property_outcome, summarize
 from conformance.mutation.runner import Budget, first_failure, run_property, short_message
-from conformance.world import RankRaised, RankTimeout
+from conformance.tasks.dispatch import dispatch_views
+from conformance.world.errors import RankRaised, RankTimeout
 
 ROOT = Path(__file__).resolve().parent.parent
 P1 = "P1-per-expert-payloads"
@@ -46,7 +48,7 @@ def test_fast_subset_kills_the_harmful_and_spares_the_benign(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert [e["name"] for e in report["mutants"]] == names
     for entry in report["mutants"]:
-        assert set(entry) >= ENTRY_KEYS and entry["kind"] == MUTANTS[entry["name"]].kind
+        assert set(entry) >= ENTRY_KEYS and entry["kind"] == load_catalog()[entry["name"]].kind
         assert list(entry["properties"]) == [P1]
         cell = entry["properties"][P1]
         if entry["kind"] == "harmful":
@@ -91,11 +93,12 @@ def test_unknown_names_exit_2_listing_the_valid_ones(tmp_path: Path, option: str
 class FakeSession:
     """Stands in for a Session: ``check`` runs ``behaviour(case, mutant)``; records what it saw."""
 
-    def __init__(self, behaviour) -> None:  # noqa: ANN001
+    def __init__(self, behaviour) -> None:
         self.behaviour, self.mutant, self.seen = behaviour, "m", []
+        self.config = SimpleNamespace(world_size=2)
 
     @contextlib.contextmanager
-    def planted(self, mutant):  # noqa: ANN001, ANN202
+    def planted(self, mutant):
         previous, self.mutant = self.mutant, mutant
         try:
             yield
@@ -107,7 +110,7 @@ class FakeSession:
         self.behaviour(case, self.mutant)
 
 
-def _fails_when(predicate, exc=AssertionError):  # noqa: ANN001, ANN202
+def _fails_when(predicate, exc=AssertionError):
     def behaviour(case: int, mutant: str | None) -> None:
         if predicate(case, mutant):
             raise exc("planted")
@@ -115,13 +118,14 @@ def _fails_when(predicate, exc=AssertionError):  # noqa: ANN001, ANN202
 
 
 INTS = st.integers(0, 1000)
+PROP = SimpleNamespace(id="P", strategy=lambda world_size: INTS)
 
 
 def test_first_failure_is_seeded_and_stops_at_the_first_failing_draw() -> None:
     runs = []
     for _ in range(2):
         session = FakeSession(_fails_when(lambda case, mutant: case > 900))
-        runs.append((first_failure(session, "P", INTS, Budget(50, seed=3)), list(session.seen)))
+        runs.append((first_failure(session, PROP, Budget(50, seed=3)), list(session.seen)))
     (count, case, error), seen = runs[0]
     assert runs[0][0][:2] == runs[1][0][:2] and runs[0][1] == runs[1][1]  # same seed, same draws
     assert case > 900 and isinstance(error, AssertionError) and count == len(seen)
@@ -131,17 +135,17 @@ def test_first_failure_is_seeded_and_stops_at_the_first_failing_draw() -> None:
 def test_run_property_classifies_failures() -> None:
     budget = Budget(20, seed=0)
     mutant_only = _fails_when(lambda case, mutant: mutant is not None and case > 0)
-    cell = run_property(FakeSession(mutant_only), "P", INTS, budget)
+    cell = run_property(FakeSession(mutant_only), PROP, budget)
     assert cell["outcome"] == "killed" and cell["message"] == "AssertionError: planted" and int(cell["example"]) > 0
     hang = _fails_when(lambda case, mutant: mutant is not None, lambda msg: RankTimeout("t", {1: msg}))
-    cell = run_property(FakeSession(hang), "P", INTS, budget)
+    cell = run_property(FakeSession(hang), PROP, budget)
     assert cell["outcome"] == "killed" and cell["examples"] == 1 and "RankTimeout" in cell["message"]
     always = _fails_when(lambda case, mutant: case > 0)
-    assert run_property(FakeSession(always), "P", INTS, budget)["outcome"] == "unattributed"
+    assert run_property(FakeSession(always), PROP, budget)["outcome"] == "unattributed"
     crash = _fails_when(lambda case, mutant: True, TypeError)
-    assert run_property(FakeSession(crash), "P", INTS, budget)["outcome"] == "error"
+    assert run_property(FakeSession(crash), PROP, budget)["outcome"] == "error"
     never = _fails_when(lambda case, mutant: False)
-    cell = run_property(FakeSession(never), "P", INTS, budget)
+    cell = run_property(FakeSession(never), PROP, budget)
     assert (cell["outcome"], cell["examples"], cell["message"]) == ("held", 20, None) and cell["wall_s"] >= 0
 
 
@@ -196,9 +200,9 @@ def test_benign_reordering_changes_v2_rows_but_not_the_receipts(emulated_session
     # top-k = every expert, nothing masked: each rank receives every token of every rank.
     example = Example(tokens_per_rank=(5, 4), hidden=128, num_topk=4, num_experts=4, num_max_tokens_per_rank=16)
     with emulated_session.planted(None):
-        clean = emulated_session.dispatch_views(example)
+        clean = emulated_session.run(dispatch_views, example)
     with emulated_session.planted("v2-reversed-receive-order"):
-        mutated = emulated_session.dispatch_views(example)
+        mutated = emulated_session.run(dispatch_views, example)
     for before, after in zip(clean, mutated, strict=True):
         v1, v2 = before["emulated-v1"], before["emulated-v2"]
         assert torch.equal(after["emulated-v1"].src_token, v1.src_token)

@@ -2,7 +2,7 @@
 
 import torch
 
-from conformance.example import Example, RankInputs
+from conformance.core.example import Example, RankInputs
 from conformance.oracle import expected_receipts, expected_received_tokens, expected_round_trip_bf16
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, find, settings
 
-from conformance.example import Example, build_all_inputs
+from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_raw_counts
-from conformance.strategies_layout import alignment_examples
+from conformance.strategies.layout import alignment_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 P2 = "P2-counts"
@@ -69,7 +69,7 @@ def test_p2_strategy_reaches_alignment_one_and_empty_experts() -> None:
 def test_p2_oracle_matches_the_real_recordings() -> None:
     """The oracle's counts, V2 prefix sums (both modes) and V1 layout equal what the real DeepEP 2.1.0
     returned on 2 x H200 (fixtures/deepep-real), for every recorded case and rank."""
-    from conformance.example import RankInputs
+    from conformance.core.example import RankInputs
     from conformance.oracle import (
         expected_aligned_counts,
         expected_layout,

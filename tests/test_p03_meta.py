@@ -3,9 +3,9 @@ nodes, shuffled V2 order), and its strategy produces received tokens mixing loca
 
 from hypothesis import HealthCheck, find, settings
 
-from conformance.example import Example, build_all_inputs
+from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_received_tokens, expected_recv_topk_idx
-from conformance.strategies_layout import layout_examples
+from conformance.strategies.layout import layout_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 P3 = "P3-recv-topk-idx"

@@ -6,12 +6,13 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, find, settings
 
-from conformance.checks import CHECKS
-from conformance.checks.p04_weights import DIVERGENCE_KEY
-from conformance.example import Example, build_all_inputs
+from conformance.core.example import Example, build_all_inputs
+from conformance.harness.session import Recorder
 from conformance.oracle import expected_received_tokens
-from conformance.session import Recorder
-from conformance.strategies_layout import layout_examples
+from conformance.properties import catalog
+from conformance.properties.test_p04_weights import DIVERGENCE_KEY
+from conformance.strategies.layout import layout_examples
+from conformance.tasks.dispatch import dispatch_views
 from tests.meta import assert_caught, assert_holds, sample
 
 P4 = "P4-weights"
@@ -62,29 +63,29 @@ def test_p4_reports_the_divergence_only_when_observable(emulated_session) -> Non
 
 
 @dataclass
-class OneApiSession:
-    """A session that shows the check only one API's views (as ``--backends emulated-v2`` would)."""
+class OneApiContext:
+    """What the check records when it sees only one API's views (as ``--backends emulated-v2`` would)."""
 
-    inner: object
-    api: str
+    shape: object
     divergences: dict = field(default_factory=dict)
-
-    def dispatch_views(self, example, options=None):  # noqa: ANN001, ANN201
-        views = self.inner.dispatch_views(example)
-        return [{k: v for k, v in per_rank.items() if k.endswith(self.api)} for per_rank in views]
 
     def record_divergence(self, key: str, message: str) -> None:
         self.divergences[key] = message
 
-    def record_unsupported(self, item, example) -> None:  # noqa: ANN001
+    def record_unsupported(self, item: object, case: object) -> None:
         raise AssertionError(f"unexpected unsupported {item}")
+
+    def record_artifact(self, key: str, value: object) -> None:
+        raise AssertionError(f"unexpected artifact {key}")
 
 
 def test_p4_no_divergence_with_one_api_selected(emulated_session) -> None:
+    prop = catalog()[P4]
+    views = emulated_session.run(dispatch_views, WITH_MINUS_ONE)
     for api in ("v1", "v2"):
-        session = OneApiSession(emulated_session, api)
-        CHECKS[P4](session, WITH_MINUS_ONE)
-        assert session.divergences == {}
+        ctx = OneApiContext(emulated_session.shape)
+        prop.check(ctx, WITH_MINUS_ONE, [{k: v for k, v in per_rank.items() if k.endswith(api)} for per_rank in views])
+        assert ctx.divergences == {}
 
 
 def test_p4_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:

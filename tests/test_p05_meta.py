@@ -5,11 +5,12 @@ unsupported while V1 is still checked, and the strategy reaches the corners."""
 import torch
 from hypothesis import find
 
-from conformance.checks.assert_numeric import assert_within_bound, reduction_bound
-from conformance.checks.p05_combine import CombineCase
-from conformance.example import Example, RankInputs
+from conformance.assertions import assert_within_bound
+from conformance.core.cases import CombineCase
+from conformance.core.example import Example, RankInputs
+from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
-from conformance.strategies_combine import combine_cases
+from conformance.strategies.combine import combine_cases
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
 
 P5 = "P5-combine"
@@ -103,7 +104,7 @@ def test_p5_strategy_reaches_the_corners() -> None:
     strategy = combine_cases(2)
 
     def reaches(example: Example, n: int) -> bool:
-        from conformance.example import build_all_inputs
+        from conformance.core.example import build_all_inputs
         from conformance.oracle.reduction import reach_counts
 
         inputs = build_all_inputs(example)

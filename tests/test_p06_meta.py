@@ -4,9 +4,9 @@ right by hand, the property holds on the emulation (one and two nodes), and the 
 import torch
 from hypothesis import find
 
-from conformance.example import Example, RankInputs, build_all_inputs
+from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.oracle.reduction import expected_round_trip_bf16, reach_counts
-from conformance.strategies_combine import round_trip_examples
+from conformance.strategies.combine import round_trip_examples
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P6 = "P6-round-trip"
@@ -62,7 +62,7 @@ def test_reductions_may_flush_subnormals_but_not_change_normal_values() -> None:
     """Seen on CUDA: a bf16 subnormal summed in float32 came back as 0 (flush-to-zero); that is allowed."""
     import torch
 
-    from conformance.checks.assert_numeric import same_value
+    from conformance.assertions import same_value
 
     bits = torch.tensor([0x0001, 0x8001 - 0x10000, 0x0080, 0x3F80], dtype=torch.int16)  # 2 subnormals, min normal, 1.0
     expected = bits.view(torch.bfloat16)

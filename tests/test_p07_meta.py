@@ -5,9 +5,9 @@ emulation (one and two nodes); the strategy reaches the corners."""
 import torch
 from hypothesis import find
 
-from conformance.example import SPECIAL_BF16_BITS, build_all_inputs
+from conformance.core.example import SPECIAL_BF16_BITS, build_all_inputs
 from conformance.strategies import examples
-from conformance.strategies_combine import cached_dispatch_examples
+from conformance.strategies.combine import cached_dispatch_examples
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P1 = "P1-per-expert-payloads"
@@ -41,7 +41,7 @@ def test_p7_holds_on_the_emulation_including_two_nodes(emulated_session, two_nod
     assert_holds(two_node_session, P7, sample(cached_dispatch_examples(4), 6))
 
 
-def _has_bits(example, bits: int) -> bool:  # noqa: ANN001
+def _has_bits(example, bits: int) -> bool:
     signed = bits - 0x10000 if bits >= 0x8000 else bits
     return any(bool((r.x.contiguous().view(torch.int16) == signed).any()) for r in build_all_inputs(example))
 

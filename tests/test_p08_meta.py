@@ -2,17 +2,20 @@
 meaning, spares garbage in the padding and a shuffled V2 order, skips (naming the missing backend) without
 a V2 backend, holds on the emulation, and its strategy produces padded experts and multi-slot tokens."""
 
-from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import HealthCheck, find, settings
 
-from conformance.backends.spec import BackendSpec
-from conformance.checks import CHECKS
-from conformance.example import Example, build_all_inputs
+from conformance.core.example import Example, build_all_inputs
+from conformance.core.spec import BackendSpec
+from conformance.harness.config import RunConfig
+from conformance.harness.session import Session
 from conformance.oracle import expected_raw_counts, expected_received_tokens, expected_recv_topk_idx
-from conformance.strategies_layout import alignment_examples
+from conformance.properties import NotApplicable, catalog
+from conformance.strategies.layout import alignment_examples
+from conformance.tasks.dispatch import expand_views
+from conformance.world.launcher import WorldShape
 from tests.meta import assert_caught, assert_holds, sample
 
 P8 = "P8-expand-layout"
@@ -61,11 +64,16 @@ def test_p8_spares_padding_bytes_and_receive_order(emulated_session, mutant: str
     assert_holds(emulated_session, P8, examples, mutant=mutant)
 
 
-def test_p8_skips_naming_the_missing_v2_backend() -> None:
-    session = SimpleNamespace(config=SimpleNamespace(backends=(BackendSpec("emulated", "v1"),)))
-    example = Example(tokens_per_rank=(2, 2), hidden=128, num_topk=1, num_experts=2)
-    with pytest.raises(pytest.skip.Exception, match=r"needs an ElasticBuffer \(V2\) backend.*emulated-v1"):
-        CHECKS[P8](session, example)
+def test_p8_is_not_applicable_without_a_v2_backend_and_says_why() -> None:
+    """With only V1 selected, P8 (V2's expand mode) is reported unsupported with the reason, never skipped
+    (the reason reaches the report and the repro)."""
+    config = RunConfig(WorldShape(1, 2), (BackendSpec("emulated", "v1"),))
+    session = Session(config)
+    expected = r"needs a v2 \(ElasticBuffer\) backend; --backends selected only emulated-v1$"
+    with pytest.raises(NotApplicable, match=expected):
+        session.check(P8, Example(tokens_per_rank=(2, 2), hidden=128, num_topk=1, num_experts=2))
+    session.run_property(catalog()[P8])
+    assert "selected only emulated-v1" in session.recorder.not_applicable and session.recorder.examples == 0
 
 
 def test_p8_strategy_produces_padding_and_multi_slot_tokens() -> None:
@@ -74,11 +82,11 @@ def test_p8_strategy_produces_padding_and_multi_slot_tokens() -> None:
 
 
 def test_p8_padding_mutant_really_writes_the_padding(emulated_session) -> None:
-    from conformance.canonical_expand import padding_rows
+    from conformance.canonical import padding_rows
 
     example = next(ex for ex in sample(alignment_examples(2), 12) if padded_gap(ex))
     with emulated_session.planted("expand-padding-garbage"):
-        results = emulated_session.run("conformance.tasks.layout:expand_views", example)
+        results = emulated_session.run(expand_views, example)
     touched = 0
     for per_backend in results:
         for view, _ in per_backend.values():

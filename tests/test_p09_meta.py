@@ -5,9 +5,9 @@ strategy reaches the corners."""
 import torch
 from hypothesis import find
 
-from conformance.example import Example, RankInputs, build_all_inputs
+from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.oracle.reduction import expected_dispatch_backward, reach_counts
-from conformance.strategies_combine import gradient_examples
+from conformance.strategies.combine import gradient_examples
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P9 = "P9-gradients"

@@ -2,7 +2,7 @@
 
 from hypothesis import find, settings
 
-from conformance.strategies_errors import small_examples
+from conformance.strategies.calls import small_examples
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P10 = "P10-events"

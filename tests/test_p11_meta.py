@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import find, settings
 
-from conformance.strategies_errors import qp_cases
+from conformance.strategies.calls import qp_cases
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P11 = "P11-qp-cap"
@@ -44,7 +44,7 @@ def test_preflight_names_the_ranks_that_disagree(two_node_session) -> None:
 
 def _disagree() -> str:
     """Rank task: rank 2 pins 128, the others 64."""
-    from conformance.preflight import PinnedMaxMismatch, check_pinned_max
+    from conformance.tasks.pinned_max import PinnedMaxMismatch, check_pinned_max
     from conformance.world.rank import context
 
     ctx = context()
@@ -68,10 +68,10 @@ def test_p11_strategy_reaches_its_corners() -> None:
 def test_p11_holds_at_any_world_size(nodes: int, ranks_per_node: int) -> None:
     """The preflight's expectation comes from the world (one rank has nobody to disagree with); the 2-rank
     world is covered above."""
-    from conformance.backends.spec import parse_backends
-    from conformance.config import RunConfig
-    from conformance.session import Session
-    from conformance.world import WorldShape
+    from conformance.core.spec import parse_backends
+    from conformance.harness.config import RunConfig
+    from conformance.harness.session import Session
+    from conformance.world.launcher import WorldShape
 
     shape = WorldShape(nodes, ranks_per_node)
     session = Session(RunConfig(shape, tuple(parse_backends("emulated", False)), "cpu", 120.0))
@@ -82,7 +82,7 @@ def test_p11_holds_at_any_world_size(nodes: int, ranks_per_node: int) -> None:
 
 
 def test_p11_expects_no_mismatch_in_a_one_rank_world() -> None:
-    from conformance.checks.p11_qp_cap import expected_preflight
+    from conformance.properties.test_p11_qp_cap import expected_preflight
 
     (one,) = sample(qp_cases(1), 1)
     assert expected_preflight(one) is None

@@ -2,8 +2,8 @@
 
 from hypothesis import find, settings
 
-from conformance.checks.p12_bad_input import BAD_INPUT_DEFECTS
-from conformance.strategies_errors import bad_input_cases
+from conformance.core.cases import BAD_INPUT_DEFECTS
+from conformance.strategies.calls import bad_input_cases
 from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 P12 = "P12-bad-input"
@@ -22,7 +22,7 @@ def test_p12_catches_too_many_tokens_accepted_and_truncated(emulated_session) ->
 
 
 def test_p12_reports_the_upstream_cached_dispatch_typeerror_as_a_divergence(emulated_session) -> None:
-    from conformance.checks.p12_bad_input import BadInputCase
+    from conformance.core.cases import BadInputCase
 
     case = next(c for c in sample(bad_input_cases(2), 200) if c.defect == "v2_cached_dispatch_without_num_experts")
     emulated_session.recorder.divergences.clear()

@@ -6,9 +6,10 @@ from collections import Counter
 
 from hypothesis import HealthCheck, find, settings
 
-from conformance.example import Example, build_all_inputs
+from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_received_tokens
-from conformance.strategies_layout import layout_examples
+from conformance.strategies.layout import layout_examples
+from conformance.tasks.dispatch import repeated_views
 from tests.meta import assert_caught, assert_holds, sample
 
 P13 = "P13-determinism"
@@ -36,7 +37,7 @@ def test_p13_catches_a_deterministic_mode_not_in_v1_order(emulated_session) -> N
 
 def test_p13_spares_a_v2_default_order_that_changes_every_call(emulated_session) -> None:
     with emulated_session.planted("v2-shuffled-receive-order"):
-        results = emulated_session.run("conformance.tasks.layout:repeated_views", BUSY, 2)
+        results = emulated_session.run(repeated_views, BUSY)
     first, second = results[0]["emulated-v2"]
     assert first.src_token.tolist() != second.src_token.tolist(), "the benign mutant did not reorder"
     assert sorted(first.src_token.tolist()) == sorted(second.src_token.tolist())

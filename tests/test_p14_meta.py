@@ -2,8 +2,8 @@
 
 from hypothesis import strategies as st
 
-from conformance.api_surface import SIGNATURES, SNAPSHOT, diff_surface, load_snapshot, snapshot_from_signatures
-from conformance.checks.p14_api_surface import ApiSurfaceCase
+from conformance.core.api_surface import SIGNATURES, SNAPSHOT, diff_surface, load_snapshot, snapshot_from_signatures
+from conformance.core.cases import ApiSurfaceCase
 from tests.meta import assert_caught, assert_holds
 
 P14 = "P14-api-surface"

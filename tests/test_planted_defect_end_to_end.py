@@ -66,8 +66,8 @@ def test_a_rank_dying_mid_example_is_a_clear_failure_and_the_world_recovers(emul
     the world is rebuilt, and the very next example runs normally."""
     import pytest
 
-    from conformance.example import Example
-    from conformance.world import RankCrashed
+    from conformance.core.example import Example
+    from conformance.world.errors import RankCrashed
 
     example = Example(tokens_per_rank=(0, 2), hidden=128, num_topk=1, num_experts=2)
     with emulated_session.planted("rank-dies-in-dispatch"), pytest.raises(RankCrashed) as info:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from conformance.checks.assert_errors import recorded_errors
+from conformance.oracle.recorded import recorded_errors
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "deepep-real"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from conformance.backends.spec import parse_backends
-from conformance.config import RunConfig
-from conformance.reporting import USER_PROPERTY, entry_from_report, markdown, summarise
-from conformance.world import WorldShape
+from conformance.core.spec import parse_backends
+from conformance.harness.config import RunConfig
+from conformance.reporting.report import USER_PROPERTY, entry_from_report, markdown, summarise
+from conformance.world.launcher import WorldShape
 
 CONFIG = RunConfig(WorldShape(2, 2), tuple(parse_backends("emulated", False)))
 EXAMPLE = '{"tokens_per_rank":[0,0,0,1],"hidden":128}'

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, find, given, settings
 
-from conformance.example import SPECIAL_BF16_BITS, Example, build_all_inputs, build_rank_inputs
+from conformance.core.example import SPECIAL_BF16_BITS, Example, build_all_inputs, build_rank_inputs
 from conformance.strategies import ALIGNMENTS, examples
 
 WORLD = 4

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from conformance.world import RankCrashed, RankRaised, RankTimeout, World, WorldError, WorldShape
+from conformance.world.errors import RankCrashed, RankRaised, RankTimeout, WorldError
+from conformance.world.launcher import World, WorldShape
 
 
 def _alive(pid: int) -> bool:
@@ -83,7 +84,7 @@ def test_no_rank_outlives_a_killed_controller(tmp_path) -> None:
 
     script = (
         "import sys, time\n"
-        "from conformance.world import World, WorldShape\n"
+        "from conformance.world.launcher import World, WorldShape\n"
         "w = World(WorldShape(1, 2)); w.start()\n"
         "print(' '.join(map(str, w.pids())), flush=True)\n"
         "time.sleep(600)\n"

@@ -1,9 +1,5 @@
-"""Backends: one adapter per DeepEP API, given a deep_ep-like module (the real one or the emulation).
+"""Backends (rank side): one adapter per DeepEP API, given a deep_ep-like module (the real one or the emulation).
 
-The same adapter code drives the real library on GPUs and :mod:`conformance.emulation` in CPU CI.
+The same adapter code drives the real library on GPUs and :mod:`conformance.emulation` in CPU CI; the
+contract both implement is :class:`conformance.backends.contract.Backend`.
 """
-
-from conformance.backends.spec import BackendSpec, parse_backends
-from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
-
-__all__ = ["BackendSpec", "DispatchOptions", "DispatchView", "Unsupported", "parse_backends"]

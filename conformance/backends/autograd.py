@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from conformance.backends.views import DispatchOptions
-from conformance.example import Example, RankInputs
+from conformance.core.example import Example, RankInputs
+from conformance.core.views import DispatchOptions
 
 
 class FusedDispatch(torch.autograd.Function):

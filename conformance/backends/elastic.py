@@ -13,24 +13,22 @@ from typing import Any
 
 import torch
 
-from conformance.backends.spec import BackendSpec
-from conformance.backends.views import DispatchOptions, DispatchView
-from conformance.example import Example, RankInputs
+from conformance.backends.contract import AdapterBase
+from conformance.core.example import Example, RankInputs
+from conformance.core.spec import BackendSpec
+from conformance.core.views import DispatchOptions, DispatchView
 
 #: Live buffers kept per rank; the least recently used one is destroyed beyond this.
 MAX_LIVE_BUFFERS = 4
 
 
-class ElasticAdapter:
+class ElasticAdapter(AdapterBase):
     """Drives ``module.ElasticBuffer`` (``module`` is the real ``deep_ep`` or ``conformance.emulation``)."""
 
     api = "v2"
 
     def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
-        self.spec = spec
-        self.module = module
-        self.group = group
-        self.num_nodes = num_nodes
+        super().__init__(spec, module, group, num_nodes)
         self._buffers: OrderedDict[tuple, Any] = OrderedDict()
 
     def buffer(self, example: Example, deterministic: bool = False) -> Any:

@@ -7,8 +7,8 @@ from typing import Any
 
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
-from conformance.backends.spec import BackendSpec
 from conformance.backends.tracing import trace_classes
+from conformance.core.spec import BackendSpec
 from conformance.world.rank import cached, context, on_shutdown
 
 MODULES = {"real": "deep_ep", "emulated": "conformance.emulation"}

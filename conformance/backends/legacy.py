@@ -7,26 +7,24 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import AdapterBase
 from conformance.backends.identity import decode_identity, identity_payload
-from conformance.backends.spec import BackendSpec
-from conformance.backends.views import DispatchOptions, DispatchView
-from conformance.example import Example, RankInputs
+from conformance.core.example import Example, RankInputs
+from conformance.core.spec import BackendSpec
+from conformance.core.views import DispatchOptions, DispatchView
 
 #: Buffer sizes (NVLink and RDMA) big enough for every example the strategies draw.
 NUM_NVL_BYTES = 1 << 30
 NUM_RDMA_BYTES = 1 << 30
 
 
-class LegacyAdapter:
+class LegacyAdapter(AdapterBase):
     """Drives ``module.Buffer`` (``module`` is the real ``deep_ep`` or ``conformance.emulation``)."""
 
     api = "v1"
 
     def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
-        self.spec = spec
-        self.module = module
-        self.group = group
-        self.num_nodes = num_nodes
+        super().__init__(spec, module, group, num_nodes)
         self._buffer: Any = None
 
     @property

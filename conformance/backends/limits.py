@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conformance.example import Example
+from conformance.core.example import Example
 
 
 @dataclass(frozen=True)

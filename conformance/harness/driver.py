@@ -11,25 +11,31 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
 
 from conformance.harness.faults import BudgetExhausted, describe_cause
-from conformance.world import RankFailure
+from conformance.properties import NotApplicable, Property
+from conformance.world.errors import RankFailure
 
 #: Health checks that do not fit a suite whose examples run on a multi-process world.
 SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
-def run_property(session: Any, property_id: str, strategy: st.SearchStrategy[Any]) -> None:
-    """Draw cases from ``strategy`` and check ``property_id`` on each (the body of every property test).
+def run_property(session: Any, prop: Property) -> None:
+    """Draw cases from ``prop.strategy`` and check ``prop`` on each (the body of every property test).
 
-    Fails at once, without drawing, when a backend the property uses is broken on construction or the run's
-    fault budget is spent; stops with the smallest failing case when the property's own budget is spent.
+    Not applicable with the selected backends: recorded with the reason (reported ``unsupported``), nothing
+    drawn.  Fails at once, without drawing, when a backend the property uses is broken on construction or the
+    run's fault budget is spent; stops with the smallest failing case when the property's own budget is spent.
     """
     __tracebackhide__ = True
     recorder = session.recorder
-    recorder.property_id = property_id
-    broken = session.broken_backends()
+    property_id = recorder.property_id = prop.id
+    try:
+        settings = session.settings_for(prop)
+    except NotApplicable as reason:
+        recorder.not_applicable = str(reason)
+        return
+    broken = {name: cause for name, cause in session.broken_backends().items() if name in settings.backends}
     if broken:
         recorder.cause = {"kind": "construction", "broken": broken}
         pytest.fail(
@@ -46,7 +52,7 @@ def run_property(session: Any, property_id: str, strategy: st.SearchStrategy[Any
     config = session.config
 
     @settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED)
-    @given(case=strategy)
+    @given(case=prop.strategy(config.world_size))
     def body(case: Any) -> None:
         started = time.monotonic()
         try:

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from conformance.world import RankCrashed, RankFailure, RankTimeout
-from conformance.world.errors import describe_call
+from conformance.world.errors import RankCrashed, RankFailure, RankTimeout, describe_call
 
 #: Seconds of crashed or hung examples one property may spend before it stops.
 FAULT_SECONDS = 60.0

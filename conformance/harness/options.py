@@ -95,8 +95,8 @@ def given_options(option: Any) -> list[str]:
 def detect_machine(real_asked: bool) -> Machine:
     """GPUs visible here (without creating a CUDA context) and, where the real deep_ep could be used, whether it
     imports (probed in a subprocess, so that a library crashing on import cannot take pytest with it)."""
-    from conformance.backends.probe import probe_in_subprocess
-    from conformance.devices import visible_gpus
+    from conformance.core.probe import probe_in_subprocess
+    from conformance.harness.devices import visible_gpus
 
     gpus = tuple(visible_gpus())
     if not gpus and not real_asked:
@@ -106,9 +106,9 @@ def detect_machine(real_asked: bool) -> Machine:
 
 def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:
     """The :class:`~conformance.config.RunConfig` of ``option``; :class:`SetupError` if the run cannot work."""
-    from conformance.backends.spec import parse_backends, wants_real
-    from conformance.config import RunConfig
-    from conformance.world import WorldShape
+    from conformance.core.spec import parse_backends, wants_real
+    from conformance.harness.config import RunConfig
+    from conformance.world.launcher import WorldShape
 
     v = option_values(option)
     for dest in ("nodes", "ranks_per_node", "max_examples"):
@@ -171,10 +171,11 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
                 "it needs a CUDA world of at least 2 ranks")
             notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
     if v["mutant"] is not None:
-        from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
+        from conformance.mutants import load_catalog
 
-        if v["mutant"] not in MUTANTS:
-            raise SetupError(f"--mutant {v['mutant']!r} is not registered; known: {', '.join(sorted(MUTANTS))}")
+        known = load_catalog()
+        if v["mutant"] not in known:
+            raise SetupError(f"--mutant {v['mutant']!r} is not registered; known: {', '.join(sorted(known))}")
         if not any(not b.real for b in named):
             raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
                              f"no emulated backend")

@@ -36,9 +36,6 @@ class ConformanceRun:
             self.run = self._resolve(workerinput)
         except SetupError as exc:
             raise pytest.UsageError(str(exc)) from None
-        from conformance import config as run_config
-
-        run_config.set_active(self.run)
         values = option_values(config.option)
         self.report_dir = values["report_dir"]
         if not self.is_worker:
@@ -63,7 +60,7 @@ class ConformanceRun:
         return build_run_config(SimpleNamespace(**values), machine, worker=index, workers=resolved["workers"])
 
     def _load_baseline(self, path: str) -> dict[str, Any]:
-        from conformance.gate import load_report
+        from conformance.reporting.gate import load_report
 
         try:
             baseline = load_report(path)
@@ -98,7 +95,7 @@ class ConformanceRun:
     # ---------------------------------------------------------------------------------- the worker side
     def session_fixture(self) -> Iterator[Any]:
         """Body of the ``conformance`` fixture: the worker's session, closed at the end."""
-        from conformance.session import Session
+        from conformance.harness.session import Session
 
         self.session = Session(self.run)
         try:
@@ -110,7 +107,7 @@ class ConformanceRun:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
         if self.session is not None:
-            from conformance.session import Recorder
+            from conformance.harness.session import Recorder
 
             self.session.recorder = Recorder()
         return (yield)
@@ -120,7 +117,7 @@ class ConformanceRun:
         report = yield
         if report.when != "call" or self.session is None or item.get_closest_marker("conformance_property") is None:
             return report
-        from conformance.reporting import USER_PROPERTY, repro_command
+        from conformance.reporting.report import USER_PROPERTY, repro_command
 
         recorded = self.session.recorder.as_dict()
         report.user_properties.append((USER_PROPERTY, recorded))
@@ -133,7 +130,7 @@ class ConformanceRun:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call" or self.is_worker:
             return
-        from conformance.reporting import entry_from_report
+        from conformance.reporting.report import entry_from_report
 
         entry = entry_from_report(report, self.run)
         if entry is not None:
@@ -142,7 +139,7 @@ class ConformanceRun:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.is_worker or self.config.option.collectonly:
             return
-        from conformance.reporting import finish_run
+        from conformance.reporting.report import finish_run
 
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
@@ -161,7 +158,7 @@ class ConformanceRun:
         yield
         if document is None:
             return
-        from conformance.reporting import summary_lines
+        from conformance.reporting.report import summary_lines
 
         terminalreporter.section("DeepEP conformance summary", sep="-")
         for line, style in summary_lines(document):
@@ -172,6 +169,6 @@ def _gpus_for_workers(run: Any) -> tuple[str, ...]:
     """All GPUs visible to the controller (each worker takes its own slice)."""
     if run.device != "cuda":
         return ()
-    from conformance.devices import visible_gpus
+    from conformance.harness.devices import visible_gpus
 
     return tuple(visible_gpus())

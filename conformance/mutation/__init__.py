@@ -1,5 +1,2 @@
-"""Mutants: planted defects that the property catalog must catch (harmful) or spare (benign)."""
-
-from conformance.mutation.registry import MUTANTS, Mutant, activate, register
-
-__all__ = ["MUTANTS", "Mutant", "activate", "register"]
+"""The mutation kill matrix (controller side): ``python -m conformance.mutation`` plants every mutant of
+:mod:`conformance.mutants` in turn and runs the property catalog against it (see docs/mutation.md)."""

@@ -17,11 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from conformance import config as run_config
-from conformance.backends.spec import parse_backends
-from conformance.config import RunConfig
+from conformance.core.spec import parse_backends
+from conformance.harness.config import RunConfig
 from conformance.harness.options import DEFAULT_MAX_EXAMPLES
-from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
+from conformance.harness.session import Session
+from conformance.mutants import load_catalog as load_mutants
 from conformance.mutation.killmatrix import (
     exit_status,
     property_sort_key,
@@ -32,8 +32,7 @@ from conformance.mutation.killmatrix import (
     write_report,
 )
 from conformance.mutation.runner import Budget, load_catalog, run_mutants
-from conformance.session import Session
-from conformance.world import WorldShape
+from conformance.world.launcher import WorldShape
 
 DEFAULT_EXAMPLE_TIMEOUT_S = 30.0
 DEFAULT_SEED = 0
@@ -60,7 +59,7 @@ def parse_args(argv: list[str] | None, catalog_ids: list[str]) -> argparse.Names
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.example_timeout <= 0:
         parser.error(f"--example-timeout must be positive, got {args.example_timeout}")
-    args.mutants = _subset(parser, "--mutants", args.mutants, list(MUTANTS))
+    args.mutants = _subset(parser, "--mutants", args.mutants, list(load_mutants()))
     args.properties = _subset(parser, "--properties", args.properties, catalog_ids)
     return args
 
@@ -112,8 +111,7 @@ def _strip_options(argv: list[str], options: tuple[str, ...]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """Run the mutation self-test; returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    from conformance.checks import CHECKS
-
+    mutants = load_mutants()
     catalog, broken = load_catalog()
     args = parse_args(argv, sorted(catalog, key=property_sort_key))
     whole_catalog = not any(a == "--properties" or a.startswith("--properties=") for a in argv)
@@ -125,21 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     backends = [b.name for b in config.backends]
     world = {"nodes": shape.nodes, "ranks_per_node": shape.ranks_per_node, "backends": backends}
     if not args.worker:
-        untested = sorted(set(CHECKS) - set(catalog), key=property_sort_key)
         print(f"mutation self-test: {len(args.mutants)} mutant(s) x {len(args.properties)} propert(ies), "
-              f"up to {args.max_examples} examples each, seed {args.seed}, world {shape.nodes}x{shape.ranks_per_node}"
-              + (f"; checks without a property test (not run): {', '.join(untested)}" if untested else ""))
+              f"up to {args.max_examples} examples each, seed {args.seed}, world {shape.nodes}x{shape.ranks_per_node}")
         print(table_header(), flush=True)
     if args.jobs > 1:
         entries = run_in_workers(args, argv)
     else:
-        run_config.set_active(config)
         session = Session(config)
         try:
             session.world.start()  # start-up is not charged to the first mutant
             entries = run_mutants(
                 session,
-                [MUTANTS[name] for name in args.mutants],
+                [mutants[name] for name in args.mutants],
                 {pid: catalog[pid] for pid in args.properties},
                 Budget(args.max_examples, args.seed),
                 on_entry=lambda entry: print(table_row(entry), flush=True),

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis import strategies as st
 
+from conformance.harness.session import Session
+from conformance.mutants import Mutant
 from conformance.mutation.killmatrix import mutant_entry, property_outcome
-from conformance.mutation.registry import Mutant
-from conformance.session import Session
-from conformance.world import RankFailure, RankTimeout
+from conformance.properties import Property
+from conformance.world.errors import RankFailure, RankTimeout
 
 #: What counts as a property failing on an example.
 FAILURES = (AssertionError, RankFailure)
@@ -37,26 +37,23 @@ class Budget:
     seed: int
 
 
-def load_catalog() -> tuple[dict[str, st.SearchStrategy[Any]], dict[str, str]]:
-    """Like ``conformance.properties.support.load_catalog`` but a property module that fails to import does
-    not stop the others: returns (property id -> strategy, module -> import error)."""
+def load_catalog() -> tuple[dict[str, Property], dict[str, str]]:
+    """Like ``conformance.properties.catalog`` but a property module that fails to import does not stop the
+    others: returns (property id -> property, module -> import error)."""
     import conformance.properties as package
-    from conformance.properties.support import STRATEGIES
 
     broken = {}
     for module in pkgutil.iter_modules(package.__path__):
-        if module.name.startswith("test_"):
+        if module.name.startswith("test_p"):
             name = f"{package.__name__}.{module.name}"
             try:
                 importlib.import_module(name)
             except Exception as exc:  # reported; the rest of the catalog still runs
                 broken[name] = f"{type(exc).__name__}: {exc}"
-    return dict(STRATEGIES), broken
+    return package.catalog(), broken
 
 
-def first_failure(
-    session: Session, property_id: str, strategy: st.SearchStrategy[Any], budget: Budget
-) -> tuple[int, Any, Exception | None]:
+def first_failure(session: Session, prop: Property, budget: Budget) -> tuple[int, Any, Exception | None]:
     """Run ``property_id`` on up to ``budget.max_examples`` draws; stop at the first failing one.
 
     Returns ``(examples run, failing case or None, exception or None)``.  Any exception stops the draws
@@ -67,13 +64,13 @@ def first_failure(
     @settings(max_examples=budget.max_examples, phases=[Phase.generate], database=None, deadline=None,
               suppress_health_check=list(HealthCheck), derandomize=False)
     @seed(budget.seed)
-    @given(case=strategy)
+    @given(case=prop.strategy(session.config.world_size))
     def draw(case: Any) -> None:
         if state["error"] is not None:
             return  # already failed: let Hypothesis run out its remaining (cheap) draws
         state["examples"] += 1
         try:
-            session.check(property_id, case)
+            session.check(prop.id, case)
         except Exception as exc:  # classified by the caller
             state.update(case=case, error=exc)
 
@@ -99,12 +96,10 @@ def short_message(exc: BaseException) -> str:
     return text if len(text) <= _MESSAGE_CHARS else text[: _MESSAGE_CHARS - 3] + "..."
 
 
-def run_property(
-    session: Session, property_id: str, strategy: st.SearchStrategy[Any], budget: Budget
-) -> dict:
+def run_property(session: Session, prop: Property, budget: Budget) -> dict:
     """One cell of the kill matrix for the mutant planted in ``session`` (see ``killmatrix.OUTCOMES``)."""
     started = time.monotonic()
-    examples, case, error = first_failure(session, property_id, strategy, budget)
+    examples, case, error = first_failure(session, prop, budget)
     if error is None:
         return property_outcome("held", examples, wall_s=time.monotonic() - started)
     case_json = case.to_json() if hasattr(case, "to_json") else repr(case)
@@ -114,26 +109,26 @@ def run_property(
     else:
         with session.planted(None):
             try:
-                session.check(property_id, case)
+                session.check(prop.id, case)
             except Exception as clean:  # any failure without the mutant means "not the mutant's"
                 outcome, message = "unattributed", f"{message} [without the mutant: {short_message(clean)}]"
     return property_outcome(outcome, examples, message, case_json, wall_s=time.monotonic() - started)
 
 
 def run_mutant(
-    session: Session, mutant: Mutant, catalog: dict[str, st.SearchStrategy[Any]], budget: Budget
+    session: Session, mutant: Mutant, catalog: dict[str, Property], budget: Budget
 ) -> dict:
     """Plant ``mutant`` and run every property of ``catalog`` on it; one kill-matrix entry."""
     started = time.monotonic()
     with session.planted(mutant.name):
-        cells = {pid: run_property(session, pid, strategy, budget) for pid, strategy in catalog.items()}
+        cells = {pid: run_property(session, prop, budget) for pid, prop in catalog.items()}
     return mutant_entry(mutant.name, mutant.kind, mutant.description, cells, time.monotonic() - started)
 
 
 def run_mutants(
     session: Session,
     mutants: list[Mutant],
-    catalog: dict[str, st.SearchStrategy[Any]],
+    catalog: dict[str, Property],
     budget: Budget,
     on_entry: Callable[[dict], None] = lambda entry: None,
 ) -> list[dict]:

@@ -1,6 +1,6 @@
 """The oracle: what every rank must receive and what combine must return, computed the obvious way.
 
-It reads only the inputs of all ranks (see :func:`conformance.example.build_all_inputs`) and the example
+It reads only the inputs of all ranks (see :func:`conformance.core.example.build_all_inputs`) and the example
 description.  It shares no code with the emulation or the backends, and it is written as plain loops on
 purpose: it defines the contract, so it must be easy to read and hard to get wrong.
 """

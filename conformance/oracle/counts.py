@@ -6,7 +6,7 @@ the emulation or the backends.
 
 from __future__ import annotations
 
-from conformance.example import Example, RankInputs
+from conformance.core.example import Example, RankInputs
 
 
 def round_up(value: int, alignment: int) -> int:

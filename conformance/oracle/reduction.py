@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conformance.example import Example, RankInputs
+from conformance.core.example import Example, RankInputs
 
 __all__ = [
     "ExpectedSum",

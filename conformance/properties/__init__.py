@@ -1,2 +1,109 @@
-"""The property tests (P1-P14), one module per contract item; collected by ``pytest`` from a checkout or with
-``pytest --pyargs conformance.properties`` from an installed suite."""
+"""The property catalog: one module per contract item, each holding its one registry entry.
+
+A property module ``test_pNN_<name>.py`` defines its check and registers a :class:`Property` with
+:func:`register`: id, title, the strategy that draws its cases, the rank task that runs them, the check.
+:func:`register` also returns the module's pytest test, so the module is the whole property::
+
+    PROPERTY = register(Property(id="P1-per-expert-payloads", title="...", strategy=examples,
+                                 task=dispatch_views, check=check))
+    test_per_expert_payloads = PROPERTY.test
+
+:func:`catalog` imports every property module and returns the entries in catalog order; the harness,
+``conformance.repro`` and the kill matrix all draw from it.  Importing this package alone is cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from conformance.core.example import Example
+from conformance.core.views import Unsupported
+
+#: The APIs a backend can drive.
+ALL_APIS = ("v1", "v2")
+
+
+class CheckContext(Protocol):
+    """What a check gets besides the case and the results: the world's shape and places to record what it saw
+    that is not a failure (the harness' session implements it)."""
+
+    @property
+    def shape(self) -> Any: ...  # conformance.world.launcher.WorldShape: nodes, ranks_per_node, size
+
+    def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
+
+    def record_divergence(self, key: str, message: str) -> None: ...
+
+    def record_artifact(self, key: str, value: Any) -> None: ...
+
+
+class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
+    """The property cannot be checked with the selected backends; reported as ``unsupported`` with the reason."""
+
+
+@dataclass(frozen=True)
+class Property:
+    """One contract item.
+
+    Attributes:
+        id: ``PNN-name``, stable across versions (reports and gates key on it).
+        title: one line saying what holds.
+        strategy: ``world_size -> SearchStrategy`` of cases.
+        task: the ``@rank_task`` the ranks run on each case (gets only the backends of ``apis``).
+        check: ``check(ctx, case, per_rank_results)`` (:class:`CheckContext`; the task's result of every rank):
+            raises ``AssertionError`` on a violation.
+        case_type: what the strategy draws (``Example`` or a case type of :mod:`conformance.core.cases`).
+        apis: the APIs the property exercises; with no selected backend of these it is not applicable.
+    """
+
+    id: str
+    title: str
+    strategy: Callable[[int], Any]
+    task: Callable[..., Any]
+    check: Callable[..., None]
+    case_type: type = Example
+    apis: tuple[str, ...] = ALL_APIS
+    test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    @property
+    def number(self) -> int:
+        """The NN of ``PNN-...`` (catalog order)."""
+        digits = "".join(c for c in self.id.split("-", 1)[0] if c.isdigit())
+        return int(digits) if digits else 1 << 30
+
+
+_REGISTRY: dict[str, Property] = {}
+
+
+def register(prop: Property) -> Property:
+    """Add ``prop`` to the catalog and give it its pytest test (``prop.test``)."""
+    if prop.id in _REGISTRY:
+        raise ValueError(f"property {prop.id!r} registered twice")
+    import pytest
+
+    @pytest.mark.conformance_property(prop.id)
+    def test(conformance: Any) -> None:
+        conformance.run_property(prop)  # the session of this worker (``conformance`` fixture)
+
+    test.__doc__ = prop.title
+    entry = Property(**{**prop.__dict__, "test": test})
+    _REGISTRY[prop.id] = entry
+    return entry
+
+
+def catalog() -> dict[str, Property]:
+    """Every property, in catalog order (imports every property module once)."""
+    for module in pkgutil.iter_modules(__path__):
+        if module.name.startswith("test_p"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].number, item[0])))
+
+
+def sort_key(property_id: str) -> tuple[int, str]:
+    """Catalog order of a property id: ``P2-...`` before ``P10-...``."""
+    digits = "".join(c for c in property_id.split("-", 1)[0] if c.isdigit())
+    return (int(digits) if digits else 1 << 30, property_id)

@@ -1,6 +1,68 @@
-"""P5: combine sums the expert outputs over receiving ranks (plus bias), and returns the owners' weights."""
+"""P5 combine: the sum over receiving ranks of the expert outputs (plus bias), and the combined top-k weights.
 
-from conformance.properties.support import property_test
-from conformance.strategies_combine import active_combine_cases
+The expert on rank ``d`` returns every received row as ``bf16(row * (1 + d))`` and every received weight
+as the float32 ``weight * (1 + d)``, so each receiving rank contributes something different and a lost,
+doubled or misplaced contribution changes the result.
+"""
 
-test_combine = property_test("P5-combine", active_combine_cases())
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.assertions import assert_bytes_equal, assert_close_across, assert_within_bound, for_each_backend
+from conformance.core.cases import CombineCase
+from conformance.core.example import build_all_inputs, build_biases
+from conformance.oracle.reduction import expected_combined_weights, expected_scaled_combine, scaled_weight
+from conformance.properties import CheckContext, Property, register
+from conformance.strategies.combine import combine_cases
+from conformance.tasks.combine import CombineResult, combine_outputs
+
+
+def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) -> None:
+    """combined_x = sum over the ranks a token reached of their expert outputs, plus the biases: byte-exact in
+    ``exact`` mode (and byte-identical across backends), within the float32-accumulation bound in ``bounded``
+    mode.  combined_topk_weights[t, k] = the weight the owner of slot k's expert returned (0 at -1 slots),
+    byte-exact and byte-identical across backends.  A backend's known combine limit is reported unsupported."""
+    __tracebackhide__ = True
+    example = case.example
+    inputs = build_all_inputs(example)
+    two_level = ctx.shape.nodes > 1
+    expected = [expected_scaled_combine(example, inputs, rank, build_biases(example, rank, case.num_bias),
+                                        ctx.shape.ranks_per_node) for rank in range(example.world_size)]
+
+    def against_oracle(rank: int, backend: str, result: CombineResult) -> None:
+        own = inputs[rank].topk_weights
+        weights = expected_combined_weights(
+            example, inputs, rank, lambda dst, token, slot, w=own: scaled_weight(w[token, slot], dst))
+        if case.mode == "exact":
+            assert_bytes_equal(result.combined_x, expected[rank].rounded(), name="combined_x", rank=rank,
+                               call=result.call)
+        else:
+            assert_within_bound(result.combined_x, expected[rank], two_level=two_level, name="combined_x", rank=rank,
+                                call=result.call)
+        if result.combined_topk_weights is None:
+            raise AssertionError(f"combined_topk_weights[rank {rank}] is None though topk_weights were passed "
+                                 f"[{result.call}]")
+        assert_bytes_equal(result.combined_topk_weights, weights, name="combined_topk_weights", rank=rank,
+                           call=result.call, labels=("token", "slot"))
+
+    def pairwise(rank: int, first: tuple[str, CombineResult], other: tuple[str, CombineResult]) -> None:
+        (name, a), (_, b) = first, other
+        if case.mode == "exact":
+            assert_bytes_equal(b.combined_x, a.combined_x, name="combined_x", rank=rank, call=b.call, against=name)
+        else:
+            assert_close_across(b.combined_x, a.combined_x, expected[rank], two_level=two_level, name="combined_x",
+                                rank=rank, call=b.call, against=name)
+        assert_bytes_equal(b.combined_topk_weights, a.combined_topk_weights, name="combined_topk_weights", rank=rank,
+                           call=b.call, labels=("token", "slot"), against=name)
+
+    for_each_backend(ctx, example, per_rank, against_oracle, pairwise)
+
+
+PROPERTY = register(Property(
+    id="P5-combine",
+    title="combine = sum over receiving ranks (+ bias), byte-exact with exactly-summable payloads, bounded error "
+          "otherwise",
+    strategy=combine_cases, task=combine_outputs, check=check, case_type=CombineCase,
+))
+test_combine = PROPERTY.test

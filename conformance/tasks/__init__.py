@@ -1,10 +1,6 @@
-"""Tasks that run inside the rank processes; the controller calls them through :meth:`World.run`.
+"""Tasks that run inside the rank processes, one module per area; the controller sends the functions.
 
-Every task takes :class:`TaskSettings` (backends, active mutant) and a plain :class:`Example`, builds this
-rank's inputs from the example, drives the backends, and returns canonical views.  One module per area
-(``dispatch``, ``combine``, ...); targets are named ``"conformance.tasks.<module>:<function>"``.
+Every task is ``@rank_task``-decorated (:mod:`conformance.tasks.env`): it receives a :class:`RankEnv` with
+this rank's inputs for the case and the selected backends, and returns plain data for the controller's
+checks.  Nothing here imports the controller side (checks, strategies, the oracle).
 """
-
-from conformance.tasks.settings import TaskSettings, backend_calls
-
-__all__ = ["TaskSettings", "backend_calls"]

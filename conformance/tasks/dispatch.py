@@ -1,22 +1,46 @@
-"""Rank tasks around dispatch."""
+"""Rank tasks around dispatch: the canonical views of a plain dispatch, of V2's expand mode, of repeated and
+deterministic dispatches."""
 
 from __future__ import annotations
 
-from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
-from conformance.example import Example, build_rank_inputs
-from conformance.mutation import activate
-from conformance.tasks.settings import TaskSettings, backend_calls
-from conformance.world.rank import context
+from typing import Any
+
+from conformance.core.views import DispatchOptions, DispatchView, Unsupported
+from conformance.tasks.env import RankEnv, rank_task
+
+#: Suffix naming the ``deterministic=True`` runs of a V2 backend in :func:`repeated_views`.
+DETERMINISTIC = " [deterministic]"
 
 
-def dispatch_views(
-    settings: TaskSettings, example: Example, options: DispatchOptions = DispatchOptions()
-) -> dict[str, DispatchView | Unsupported]:
-    """Dispatch this rank's inputs through every backend; one canonical view per backend."""
-    ctx = context()
-    inputs = build_rank_inputs(example, ctx.rank).to(ctx.torch_device())
-    with activate(settings.mutant):
-        calls = backend_calls(
-            settings, example, "dispatch", lambda adapter: adapter.dispatch(inputs, example, options, ctx.rank)[0]
-        )
-        return dict(calls)
+def dispatch_view(env: RankEnv, adapter: Any, options: DispatchOptions = DispatchOptions()) -> DispatchView:
+    """This rank's inputs dispatched through ``adapter`` with ``options``: the canonical view."""
+    assert env.example is not None
+    return adapter.dispatch(env.inputs, env.example, options, env.rank)[0]
+
+
+@rank_task
+def dispatch_views(env: RankEnv) -> dict[str, DispatchView | Unsupported]:
+    """One canonical view per backend of dispatching this rank's inputs."""
+    return env.each_backend("dispatch", lambda adapter: dispatch_view(env, adapter))
+
+
+@rank_task
+def expand_views(env: RankEnv) -> dict[str, tuple[DispatchView, DispatchView] | Unsupported]:
+    """Per V2 backend: ``(view of do_expand=True, view of do_expand=False)`` of this rank's inputs."""
+    expand = DispatchOptions(do_expand=True)
+    return env.each_backend("dispatch", lambda adapter: (dispatch_view(env, adapter, expand),
+                                                         dispatch_view(env, adapter)), api="v2")
+
+
+@rank_task
+def repeated_views(env: RankEnv, repeats: int = 2) -> dict[str, list[DispatchView] | Unsupported]:
+    """``repeats`` identical dispatches per backend, default options; V2 backends also with
+    ``deterministic=True`` (keyed ``"<backend> [deterministic]"``)."""
+
+    def runs(options: DispatchOptions) -> Any:
+        return lambda adapter: [dispatch_view(env, adapter, options) for _ in range(repeats)]
+
+    out = env.each_backend("dispatch", runs(DispatchOptions()))
+    deterministic = env.each_backend("dispatch", runs(DispatchOptions(deterministic=True)), api="v2")
+    out.update((name + DETERMINISTIC, result) for name, result in deterministic.items())
+    return out

@@ -13,13 +13,10 @@ from typing import Any
 
 import torch
 
-from conformance.backends.views import DispatchOptions, DispatchView, Unsupported
-from conformance.checks.assert_errors import Raised
+from conformance.core.example import Example, RankInputs
+from conformance.core.views import DispatchOptions, DispatchView, Raised, Unsupported
 from conformance.emulation.utils import event as emulated_event
-from conformance.example import Example, RankInputs, build_rank_inputs
-from conformance.mutation import activate
-from conformance.tasks.settings import TaskSettings, backend_calls
-from conformance.world.rank import context
+from conformance.tasks.env import RankEnv, rank_task
 
 #: GPU cycles the "prior compute" spins before writing the payload (~tens of ms on an H200).
 SLEEP_CYCLES = 50_000_000
@@ -89,44 +86,43 @@ def _v2_refusal(adapter: Any, inputs: RankInputs, example: Example) -> Raised:
     return Raised.of(None)
 
 
-def event_results(settings: TaskSettings, example: Example) -> dict[str, dict[str, Any]]:
+@rank_task
+def event_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     """Per backend: the sync, async+wait and previous_event dispatch views, sync vs ``with``-waited async
     combine, and for V2 the refusal of ``previous_event`` without ``allocate_on_comm_stream`` plus the
     dispatch right after it."""
-    ctx = context()
-    device = ctx.torch_device()
-    inputs = build_rank_inputs(example, ctx.rank).to(device)
+    example, inputs, rank, device = env.example, env.inputs, env.rank, env.device
+    assert example is not None
+
+    def dispatches(adapter: Any) -> dict[str, Any]:
+        result: dict[str, Any] = {
+            "sync": adapter.dispatch(inputs, example, DispatchOptions(), rank)[0],
+            "async_wait": frozen(adapter.dispatch(inputs, example, DispatchOptions(async_finish=True), rank)[0]),
+        }
+        finish_all(device)
+        result["previous_event"] = _dispatch_after_compute(adapter, inputs, example, rank)
+        finish_all(device)
+        if adapter.api == "v2":
+            result["refusal"] = _v2_refusal(adapter, inputs, example)
+            result["after_refusal"] = adapter.dispatch(inputs, example, DispatchOptions(), rank)[0]
+        return result
+
+    def combines(adapter: Any) -> dict[str, Any]:
+        raw = adapter.dispatch(inputs, example, DispatchOptions(), rank)[1]
+        sync = _combine_with_block(adapter, raw, False)
+        waited = _combine_with_block(adapter, raw, True)
+        finish_all(device)
+        return {"combine_sync": sync, "combine_with": waited}
+
     out: dict[str, dict[str, Any]] = {}
-    with activate(settings.mutant):
-        try:
-            def dispatches(adapter: Any) -> dict[str, Any]:
-                result: dict[str, Any] = {
-                    "sync": adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0],
-                    "async_wait": frozen(adapter.dispatch(inputs, example, DispatchOptions(async_finish=True),
-                                                          ctx.rank)[0]),
-                }
-                finish_all(device)
-                result["previous_event"] = _dispatch_after_compute(adapter, inputs, example, ctx.rank)
-                finish_all(device)
-                if adapter.api == "v2":
-                    result["refusal"] = _v2_refusal(adapter, inputs, example)
-                    result["after_refusal"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
-                return result
-
-            def combines(adapter: Any) -> dict[str, Any]:
-                raw = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[1]
-                sync = _combine_with_block(adapter, raw, False)
-                waited = _combine_with_block(adapter, raw, True)
-                finish_all(device)
-                return {"combine_sync": sync, "combine_with": waited}
-
-            for name, result in backend_calls(settings, example, "dispatch", dispatches):
-                out[name] = result if isinstance(result, dict) else {"sync": result}
-            for name, result in backend_calls(settings, example, "combine", combines):
-                if isinstance(result, Unsupported):
-                    out[name]["combine"] = result
-                else:
-                    out[name].update(result)
-        finally:
-            finish_all(device)
+    try:
+        for name, result in env.each_backend("dispatch", dispatches).items():
+            out[name] = result if isinstance(result, dict) else {"sync": result}
+        for name, result in env.each_backend("combine", combines).items():
+            if isinstance(result, Unsupported):
+                out[name]["combine"] = result
+            else:
+                out[name].update(result)
+    finally:
+        finish_all(device)
     return out

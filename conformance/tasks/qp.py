@@ -11,13 +11,12 @@ import torch
 import torch.distributed as dist
 
 from conformance.backends.factory import get_adapter
-from conformance.backends.spec import BackendSpec
-from conformance.backends.views import DispatchOptions
-from conformance.checks.assert_errors import Raised
-from conformance.example import Example, build_rank_inputs
-from conformance.mutation import activate
-from conformance.preflight import PinnedMaxMismatch, check_pinned_max
-from conformance.tasks.settings import TaskSettings
+from conformance.core.cases import QpCase
+from conformance.core.example import build_rank_inputs
+from conformance.core.spec import BackendSpec
+from conformance.core.views import DispatchOptions, Raised
+from conformance.tasks.env import RankEnv, rank_task
+from conformance.tasks.pinned_max import PinnedMaxMismatch, check_pinned_max
 from conformance.world.rank import cached, context, on_shutdown
 
 #: Every even SM count up to an H200's 132.
@@ -70,59 +69,56 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
     return Raised.of(None), calls
 
 
-def qp_results(settings: TaskSettings, case: Any) -> dict[str, dict[str, Any]]:
+@rank_task
+def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     """Per V2 backend: QP caps, the preflight verdicts, the over-asking refusal and the dispatch after it,
     SM reuse by combine, and the too-many-tokens refusal and the dispatch after it."""
-    ctx = context()
-    device = ctx.torch_device()
-    example: Example = case.example
-    inputs = build_rank_inputs(example, ctx.rank).to(device)
+    ctx, device, inputs = env.ctx, env.device, env.inputs
+    case: QpCase = env.case
+    example = case.example
     out: dict[str, dict[str, Any]] = {}
-    with activate(settings.mutant):
-        for name in settings.backends:
-            spec = BackendSpec.parse(name)
-            if spec.api != "v2":
-                continue
-            adapter = get_adapter(spec)
-            buffer = adapter.buffer(example)
-            got: dict[str, Any] = {"hybrid": _caps(buffer), "direct": _caps(_direct_buffer(spec))}
+    for name, adapter in env.adapters(api="v2"):
+        spec = BackendSpec.parse(name)
+        buffer = adapter.buffer(example)
+        got: dict[str, Any] = {"hybrid": _caps(buffer), "direct": _caps(_direct_buffer(spec))}
 
-            # Preflight: disagreeing ranks are reported (on every rank); agreeing ranks pass.
-            disagreeing = example.num_max_tokens_per_rank + (1 if ctx.rank == case.offender else 0)
-            try:
-                check_pinned_max(ctx.group, disagreeing, device)
-                got["preflight_disagree"] = None
-            except PinnedMaxMismatch as exc:
-                got["preflight_disagree"] = (str(exc), exc.holders)
-            check_pinned_max(ctx.group, example.num_max_tokens_per_rank, device)  # before every V2 dispatch
+        # Preflight: disagreeing ranks are reported (on every rank); agreeing ranks pass.
+        disagreeing = example.num_max_tokens_per_rank + (1 if ctx.rank == case.offender else 0)
+        try:
+            check_pinned_max(ctx.group, disagreeing, device)
+            got["preflight_disagree"] = None
+        except PinnedMaxMismatch as exc:
+            got["preflight_disagree"] = (str(exc), exc.holders)
+        check_pinned_max(ctx.group, example.num_max_tokens_per_rank, device)  # before every V2 dispatch
 
-            common = {"topk_idx": inputs.topk_idx, "topk_weights": inputs.topk_weights,
-                      "num_experts": example.num_experts, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
-                      "expert_alignment": example.expert_alignment}
-            got["over_qps"] = _call(buffer.dispatch, inputs.x, num_qps=buffer.num_allocated_qps + case.over_qps,
-                                    **common)
-            got["after_over_qps"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
+        common = {"topk_idx": inputs.topk_idx, "topk_weights": inputs.topk_weights,
+                  "num_experts": example.num_experts, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
+                  "expert_alignment": example.expert_alignment}
+        got["over_qps"], got["over_qps_collectives"] = _call(
+            buffer.dispatch, inputs.x, num_qps=buffer.num_allocated_qps + case.over_qps,
+                                **common)
+        got["after_over_qps"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
 
-            # SM count: dispatch with case.num_sms, then combine with num_sms=0 and with the handle's count.
-            recv_x, _, recv_w, handle, _ = buffer.dispatch(inputs.x, num_sms=case.num_sms, **common)
-            got["handle_num_sms"] = handle.num_sms
-            try:
-                reused = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=0)
-                got["combine_launch"] = dict(getattr(buffer, "last_launch", None) or {}) or None
-                explicit = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=handle.num_sms)
-                got["combine_reused"] = (reused[0].cpu(), reused[1].cpu())
-                got["combine_explicit"] = (explicit[0].cpu(), explicit[1].cpu())
-            except Exception as exc:  # a known capability limit (hidden=128) is judged by the controller
-                got["combine_error"] = Raised.of(exc)
+        # SM count: dispatch with case.num_sms, then combine with num_sms=0 and with the handle's count.
+        recv_x, _, recv_w, handle, _ = buffer.dispatch(inputs.x, num_sms=case.num_sms, **common)
+        got["handle_num_sms"] = handle.num_sms
+        try:
+            reused = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=0)
+            got["combine_launch"] = dict(getattr(buffer, "last_launch", None) or {}) or None
+            explicit = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=handle.num_sms)
+            got["combine_reused"] = (reused[0].cpu(), reused[1].cpu())
+            got["combine_explicit"] = (explicit[0].cpu(), explicit[1].cpu())
+        except Exception as exc:  # a known capability limit (hidden=128) is judged by the controller
+            got["combine_error"] = Raised.of(exc)
 
-            # Too many tokens on the offending rank: refused on every rank, no hang, buffer usable.
-            over = list(example.tokens_per_rank)
-            over[case.offender] = example.num_max_tokens_per_rank + case.over_tokens
-            big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
-            got["too_many_tokens"] = _call(buffer.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
-                                                                      "topk_weights": big.topk_weights})
-            got["after_too_many_tokens"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            out[name] = got
+        # Too many tokens on the offending rank: refused on every rank, no hang, buffer usable.
+        over = list(example.tokens_per_rank)
+        over[case.offender] = example.num_max_tokens_per_rank + case.over_tokens
+        big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
+        got["too_many_tokens"], _ = _call(buffer.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
+                                                                  "topk_weights": big.topk_weights})
+        got["after_too_many_tokens"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        out[name] = got
     return out

@@ -17,6 +17,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -195,8 +196,9 @@ class World:
         self.close()
 
     # ------------------------------------------------------------------------------------------- tasks
-    def run(self, target: str, *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
-        """Run ``target`` (``"module:function"``) on every rank; return the per-rank results.
+    def run(self, target: Callable[..., Any] | str, *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
+        """Run ``target`` (a module-level function, sent by reference, or ``"module:function"``) on every rank;
+        return the per-rank results.
 
         Raises :class:`RankRaised`, :class:`RankTimeout` or :class:`RankCrashed` (each naming every
         rank's traceback or stacks); the world is retired and the next call starts a fresh one.
@@ -204,6 +206,7 @@ class World:
         if not self.alive:
             self.start()
         message = pickle.dumps(("run", target, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        target = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
         self._busy = True
         for r in self._ranks:
             r.log_offset = os.path.getsize(r.log_path) if os.path.exists(r.log_path) else 0

@@ -1,7 +1,8 @@
 """The rank process: joins the process group, then runs tasks sent by the controller until told to stop.
 
-Runs in a spawned process.  Tasks are named ``"module:function"``; they are called with the arguments the
-controller sent, inside the initialised world, and their return value goes back pickled.  Per-process
+Runs in a spawned process.  Tasks are module-level functions the controller sends by reference (or names as
+``"module:function"``); they are called with the arguments the controller sent, inside the initialised world,
+and their return value goes back pickled.  Per-process
 state that must outlive one task (communication buffers, which are expensive to build) lives in
 :func:`cached`; :func:`on_shutdown` hooks run before the process group is destroyed (real DeepEP V2
 buffers must be destroyed before the group, or it crashes).
@@ -51,13 +52,13 @@ class RankContext:
     device: str  # "cpu" or "cuda"
 
     @property
-    def group(self):  # noqa: ANN201 - torch.distributed.ProcessGroup
+    def group(self) -> Any:  # torch.distributed.ProcessGroup
         """The default process group."""
         import torch.distributed as dist
 
         return dist.group.WORLD
 
-    def torch_device(self):  # noqa: ANN201 - torch.device
+    def torch_device(self) -> Any:  # torch.device
         """The device tensors of this rank live on."""
         import torch
 
@@ -221,8 +222,9 @@ def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: 
             return
         _, target, args, kwargs = message
         try:
-            with current_call(target):
-                result = _resolve(target)(*args, **kwargs)
+            task = _resolve(target) if isinstance(target, str) else target
+            with current_call(target if isinstance(target, str) else f"{task.__module__}:{task.__qualname__}"):
+                result = task(*args, **kwargs)
             reply: tuple = ("ok", result)
         except BaseException:  # reported to the controller, which retires this world
             reply = ("error", traceback.format_exc())

@@ -1,0 +1,430 @@
+"""Every assert helper of the suite, in one message style: the value, what it should be, and the call.
+
+``name[rank r, label i, ...] = got, expected want (why) [call]``, the way array-api-tests' ``assert_*`` helpers
+read, e.g. ``recv_x[rank 1, expert 3, src (0, 17)] bytes differ from the oracle at 2 column(s): got ...;
+expected ... [ElasticBuffer.dispatch(...) on rank 1]``.  Bit patterns are shown with the values, so NaN
+payloads, -0.0 and subnormals are visible.  ``__tracebackhide__`` keeps pytest's traceback on the property.
+
+:func:`for_each_backend` is the one loop over ranks x backends x consecutive backend pairs that the checks
+share; it records :class:`~conformance.core.views.Unsupported` results instead of checking them.
+
+(Over 400 lines: the helpers share the formatting and the byte views below, and splitting them by property
+would bring back the duplicates this module replaced.)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from conformance.canonical import Token, receipts_from_view
+from conformance.core.example import Example, build_all_inputs
+from conformance.core.views import DispatchView, Raised, Unsupported
+from conformance.oracle import ExpectedSum, Receipts, expected_receipts
+from conformance.oracle.bounds import reduction_bound
+
+#: How many differing items a message lists before summarising the rest.
+MAX_LISTED = 5
+#: How many differing columns of one row a message shows.
+MAX_COLUMNS = 3
+#: Below this magnitude a value is subnormal (bf16 shares float32's exponent range).
+SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class RecordsUnsupported(Protocol):
+    """Where the helpers note a backend's clean rejection of a configuration (the check's context)."""
+
+    def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------- formatting
+
+
+def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The raw bytes of ``t`` (so NaN payloads and -0.0 compare exactly)."""
+    return t.contiguous().view(-1).view(torch.uint8)
+
+
+def bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Byte-exact equality (shape and dtype included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(tensor_bytes(a), tensor_bytes(b))
+
+
+def as_ints(value: Any) -> list[int]:
+    """A tensor, list or tuple of integers as a plain list."""
+    return [int(v) for v in (value.tolist() if isinstance(value, torch.Tensor) else value)]
+
+
+def hex_row(row: torch.Tensor, columns: list[int]) -> str:
+    """``row``'s values at ``columns`` as bit patterns (bf16/fp16: 16 bits, float32: 32 bits) and values."""
+    if row.dtype in (torch.bfloat16, torch.float16):
+        bits, mask, digits = row.contiguous().view(torch.int16), 0xFFFF, 4
+    elif row.dtype == torch.float32:
+        bits, mask, digits = row.contiguous().view(torch.int32), 0xFFFFFFFF, 8
+    else:
+        return ", ".join(f"[{c}]={row[c].item()!r}" for c in columns)
+    return ", ".join(f"[{c}]=0x{int(bits[c]) & mask:0{digits}x} ({float(row[c])!r})" for c in columns)
+
+
+def weight_bits(value: torch.Tensor) -> int:
+    """The float32 bit pattern of a one-element tensor (NaN payloads and -0.0 compare exactly)."""
+    return int(value.reshape(1).to(torch.float32).view(torch.int32)[0])
+
+
+def describe_weight(value: torch.Tensor) -> str:
+    """``0.25 (0x3e800000)``."""
+    return f"{float(value)!r} (0x{weight_bits(value) & 0xFFFFFFFF:08x})"
+
+
+def where(name: str, rank: int, index: Sequence[int] = (), labels: Sequence[str] = ()) -> str:
+    """``name[rank r, label i, ...]``."""
+    inner = "".join(f", {label} {i}" for label, i in zip(labels, index, strict=False))
+    return f"{name}[rank {rank}{inner}]"
+
+
+def _describe_key(key: tuple[int, int, int]) -> str:
+    expert, src_rank, src_token = key
+    return f"expert {expert}, src ({src_rank}, {src_token})"
+
+
+def _listing(missing: Sequence[Any], extra: Sequence[Any], duplicated: Sequence[Any],
+             describe: Callable[[Any], str] = repr) -> str:
+    parts = []
+    for title, items in (("missing", missing), ("unexpected", extra)):
+        if items:
+            parts.append(f"{title} {len(items)}: " + "; ".join(map(describe, items[:MAX_LISTED])))
+    if duplicated:
+        parts.append("received more than once: " + "; ".join(map(describe, duplicated[:MAX_LISTED])))
+    return " | ".join(parts)
+
+
+def _shape_message(name: str, rank: int, got: torch.Tensor, expected: torch.Tensor, against: str, call: str) -> str:
+    return (f"{name}[rank {rank}] has shape {tuple(got.shape)} {got.dtype}, expected {tuple(expected.shape)} "
+            f"{expected.dtype} ({against}) [{call}]")
+
+
+# ------------------------------------------------------------------------------------------ the loop
+
+
+def for_each_backend(
+    recorder: RecordsUnsupported,
+    case: Any,
+    per_rank: list[dict[str, Any]],
+    check: Callable[[int, str, Any], Any],
+    pairwise: Callable[[int, tuple[str, Any], tuple[str, Any]], None] | None = None,
+) -> None:
+    """For every rank and backend: ``check(rank, backend, result)`` (an :class:`Unsupported` result is recorded,
+    not checked); then ``pairwise(rank, (first, a), (other, b))`` for each consecutive pair of checked backends,
+    with what ``check`` returned (the result itself when it returned ``None``)."""
+    __tracebackhide__ = True
+    for rank, per_backend in enumerate(per_rank):
+        seen: list[tuple[str, Any]] = []
+        for backend, result in per_backend.items():
+            if isinstance(result, Unsupported):
+                recorder.record_unsupported(result, case)
+                continue
+            value = check(rank, backend, result)
+            seen.append((backend, result if value is None else value))
+        if pairwise is not None:
+            for first, other in zip(seen, seen[1:], strict=False):
+                pairwise(rank, first, other)
+
+
+def by_backend(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """``{backend: [result of rank 0, rank 1, ...]}`` (for checks that look at every rank at once)."""
+    return {backend: [ranks[backend] for ranks in per_rank] for backend in (per_rank[0] if per_rank else {})}
+
+
+# -------------------------------------------------------------------------------------- bytes and counts
+
+
+def assert_bytes_equal(
+    got: torch.Tensor | None,
+    expected: torch.Tensor | None,
+    *,
+    name: str,
+    rank: int,
+    call: str,
+    labels: tuple[str, ...] = ("token", "col"),
+    against: str = "the oracle",
+) -> None:
+    """Same shape, dtype and bytes; the message names the first differing element by ``labels`` (e.g. token and
+    column) with its bit pattern.  ``None`` matches only ``None``."""
+    __tracebackhide__ = True
+    if got is None or expected is None:
+        if got is not expected:
+            raise AssertionError(f"{name}[rank {rank}] is {got!r}, expected {expected!r} ({against}) [{call}]")
+        return
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        raise AssertionError(_shape_message(name, rank, got, expected, against, call))
+    int_dtype = _INT_OF_WIDTH[got.element_size()]
+    differs = got.contiguous().view(int_dtype) != expected.contiguous().view(int_dtype)
+    if not bool(differs.any()):
+        return
+    bad = differs.nonzero()
+    first = tuple(int(i) for i in bad[0])
+    row = first[:-1] if got.dim() > 1 else ()
+    columns = differs[row].nonzero().flatten().tolist() if got.dim() > 1 else [first[0]]
+    got_row, exp_row = (got[row], expected[row]) if got.dim() > 1 else (got, expected)
+    raise AssertionError(
+        f"{where(name, rank, first, labels)} bytes differ from {against} ({len(bad)} element(s) in all): "
+        f"got {hex_row(got_row.flatten(), columns[:MAX_COLUMNS])}; "
+        f"expected {hex_row(exp_row.flatten(), columns[:MAX_COLUMNS])} [{call}]"
+    )
+
+
+def assert_ints_equal(name: str, got: Any, expected: Any, *, call: str, why: str = "the oracle") -> None:
+    """The integer sequences ``got`` and ``expected`` are equal; the message names the first difference."""
+    __tracebackhide__ = True
+    got_list, exp_list = as_ints(got), as_ints(expected)
+    if got_list == exp_list:
+        return
+    if len(got_list) != len(exp_list):
+        detail = f"length {len(got_list)}, expected {len(exp_list)}"
+    else:
+        first = next(i for i, (g, e) in enumerate(zip(got_list, exp_list, strict=True)) if g != e)
+        detail = f"{name}[{first}] = {got_list[first]}, expected {exp_list[first]}"
+    raise AssertionError(f"{name} = {got_list}, expected {exp_list} ({why}); {detail} [{call}]")
+
+
+def assert_receipts_equal(
+    observed: Receipts, expected: Receipts, *, rank: int, call: str, against: str = "the oracle"
+) -> None:
+    """``observed`` has exactly ``expected``'s rows: same (expert, source) keys, byte-identical x, same weight."""
+    __tracebackhide__ = True
+    obs_keys, exp_keys = observed.keys(), expected.keys()
+    if obs_keys != exp_keys:
+        obs_count, exp_count = Counter(obs_keys), Counter(exp_keys)
+        listing = _listing(sorted((exp_count - obs_count).elements()), sorted((obs_count - exp_count).elements()),
+                           sorted(k for k, n in obs_count.items() if n > 1), _describe_key)
+        raise AssertionError(
+            f"receipts[rank {rank}] differ from {against}: got {len(obs_keys)} (expert, source) rows, "
+            f"expected {len(exp_keys)}; {listing} [{call}]"
+        )
+    if not bytes_equal(observed.x, expected.x):
+        rows = observed.x.shape[0]
+        differs = (tensor_bytes(observed.x).view(rows, -1) != tensor_bytes(expected.x).view(rows, -1)).any(dim=1)
+        bad_rows = differs.nonzero().flatten().tolist()
+        row = bad_rows[0]
+        columns = (observed.x[row].view(torch.int16) != expected.x[row].view(torch.int16)).nonzero().flatten().tolist()
+        raise AssertionError(
+            f"recv_x[rank {rank}, {_describe_key(obs_keys[row])}] bytes differ from {against} at "
+            f"{len(columns)} column(s): got {hex_row(observed.x[row], columns[:MAX_COLUMNS])}; "
+            f"expected {hex_row(expected.x[row], columns[:MAX_COLUMNS])}"
+            + (f" (and {len(bad_rows) - 1} more rows differ)" if len(bad_rows) > 1 else "") + f" [{call}]"
+        )
+    if not bytes_equal(observed.weight, expected.weight):
+        row = int((tensor_bytes(observed.weight).view(-1, 4) != tensor_bytes(expected.weight).view(-1, 4))
+                  .any(dim=1).nonzero()[0])
+        raise AssertionError(
+            f"recv_topk_weights[rank {rank}, {_describe_key(obs_keys[row])}] = {float(observed.weight[row])!r}, "
+            f"expected {float(expected.weight[row])!r} ({against}) [{call}]"
+        )
+
+
+def assert_same_tokens(view: DispatchView, expected: Sequence[Token], *, rank: int, against: str = "the oracle"
+                       ) -> None:
+    """The view received exactly the tokens ``expected`` (each once)."""
+    __tracebackhide__ = True
+    got = Counter(zip(view.src_rank.tolist(), view.src_token.tolist(), strict=True))
+    want = Counter(expected)
+    if got == want:
+        return
+    listing = _listing(sorted((want - got).elements()), sorted((got - want).elements()),
+                       sorted(tok for tok, n in got.items() if n > 1))
+    raise AssertionError(
+        f"received tokens[rank {rank}] differ from {against}: got {sum(got.values())} rows, expected "
+        f"{len(expected)} (source rank, source token) pairs; {listing} [{view.call}]"
+    )
+
+
+def assert_view_matches_oracle(recorder: RecordsUnsupported, example: Example, rank: int,
+                               view: DispatchView | Unsupported, *, after: str = "") -> DispatchView | None:
+    """``view`` holds the oracle's receipts for ``rank`` (an :class:`Unsupported` view is recorded, not failed)."""
+    __tracebackhide__ = True
+    if isinstance(view, Unsupported):
+        recorder.record_unsupported(view, example)
+        return None
+    expected = expected_receipts(example, build_all_inputs(example), rank)
+    call = view.call + (f" (the call right after {after})" if after else "")
+    assert_receipts_equal(receipts_from_view(view), expected, rank=rank, call=call)
+    return view
+
+
+def assert_views_equal(observed: DispatchView, reference: DispatchView, *, rank: int, what: str) -> None:
+    """Two views of the same dispatch agree: per-expert receipts byte for byte and per-expert counts."""
+    __tracebackhide__ = True
+    assert_receipts_equal(receipts_from_view(observed), receipts_from_view(reference), rank=rank,
+                          call=f"{observed.call}, {what}", against=f"the synchronous {reference.backend} dispatch")
+    assert_ints_equal(f"num_recv_tokens_per_expert_list[rank {rank}]", observed.num_recv_tokens_per_expert,
+                      reference.num_recv_tokens_per_expert, call=f"{observed.call}, {what}",
+                      why="synchronous dispatch")
+
+
+def assert_fields_identical(first: dict[str, Any], other: dict[str, Any], *, rank: int, call: str, what: str) -> None:
+    """Two ``canonical.comparable_fields`` results are bitwise identical; name the first field that differs
+    (and its first differing row)."""
+    __tracebackhide__ = True
+    for name in first:
+        a, b = first[name], other.get(name)
+        if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+            if bytes_equal(a, b):
+                continue
+            if a.shape != b.shape or a.dtype != b.dtype:
+                detail = f"shape/dtype {tuple(b.shape)} {b.dtype}, first run {tuple(a.shape)} {a.dtype}"
+            elif a.dim():
+                rows_a = tensor_bytes(a).view(a.shape[0], -1)
+                row = int((rows_a != tensor_bytes(b).view(rows_a.shape)).any(dim=1).nonzero()[0])
+                got, first_run = b.reshape(b.shape[0], -1)[row], a.reshape(a.shape[0], -1)[row]
+                detail = f"row {row} differs: {got.tolist()[:8]} vs first run {first_run.tolist()[:8]}"
+            else:
+                detail = f"{b.item()!r} vs first run {a.item()!r}"
+        elif a == b:
+            continue
+        else:
+            detail = f"{b!r} vs first run {a!r}"
+        raise AssertionError(f"{name}[rank {rank}] not bitwise identical across {what}: {detail} [{call}]")
+
+
+# ---------------------------------------------------------------------------------------------- numbers
+
+
+def assert_within_bound(got: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str, rank: int,
+                        call: str) -> None:
+    """Every element of bf16 ``got`` is within ``oracle.bounds.reduction_bound`` of the exact sum."""
+    __tracebackhide__ = True
+    if got.shape != expected.exact.shape:
+        raise AssertionError(
+            f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
+    bound = reduction_bound(got, expected, two_level)
+    error = (got.to(torch.float64) - expected.exact).abs()
+    bad = ~(error <= bound)  # NaN errors count as violations
+    if not bool(bad.any()):
+        return
+    token, col = (int(i) for i in bad.nonzero()[0])
+    raise AssertionError(
+        f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r} is "
+        f"{float(error[token, col]):.6g} from the exact sum {float(expected.exact[token, col])!r}, more than the "
+        f"bound {float(bound[token, col]):.6g} (1/2 ulp_bf16 + float32 accumulation over "
+        f"{int(expected.num_terms[token])} term(s){', two-level' if two_level else ''}); "
+        f"{int(bad.sum())} element(s) out of bound [{call}]"
+    )
+
+
+def assert_close_across(got: torch.Tensor, other: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str,
+                        rank: int, call: str, against: str) -> None:
+    """Two backends' bf16 results differ by at most the sum of their bounds (triangle inequality)."""
+    __tracebackhide__ = True
+    bound = reduction_bound(got, expected, two_level) + reduction_bound(other, expected, two_level)
+    bad = ~((got.to(torch.float64) - other.to(torch.float64)).abs() <= bound)
+    if bool(bad.any()):
+        token, col = (int(i) for i in bad.nonzero()[0])
+        raise AssertionError(
+            f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r}, {against} gives "
+            f"{float(other[token, col])!r}: further apart than both bounds allow ({float(bound[token, col]):.6g}) "
+            f"[{call}]"
+        )
+
+
+def same_value(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """Elementwise: same bytes, or both NaN (any payload), or both zero (either sign), or a subnormal expected
+    value flushed to zero (GPU float32 reductions may run flush-to-zero; seen on CUDA with the emulation).
+    Dispatch moves bytes and must keep subnormals (P1); only reductions may flush them."""
+    int_dtype = _INT_OF_WIDTH[got.element_size()]
+    same_bytes = got.contiguous().view(int_dtype) == expected.contiguous().view(int_dtype)
+    both_nan = torch.isnan(got) & torch.isnan(expected)
+    both_zero = (got == 0) & (expected == 0)
+    flushed = (got == 0) & (expected.float().abs() < SMALLEST_NORMAL)
+    return same_bytes | both_nan | both_zero | flushed
+
+
+def _first_bad(name: str, rank: int, bad: torch.Tensor, got: torch.Tensor, expected: torch.Tensor) -> str:
+    token, col = (int(i) for i in bad.nonzero()[0])
+    columns = bad[token].nonzero().flatten().tolist()
+    return (f"{where(name, rank, (token, col), ('token', 'col'))} differs ({int(bad.sum())} element(s) in all): "
+            f"got {hex_row(got[token], columns[:MAX_COLUMNS])}; "
+            f"expected {hex_row(expected[token], columns[:MAX_COLUMNS])}")
+
+
+def assert_same_values(got: torch.Tensor, expected: torch.Tensor, *, name: str, rank: int, call: str,
+                       against: str = "the oracle") -> None:
+    """Every element has the same bytes, except that any NaN matches any NaN, -0.0 matches +0.0 and a subnormal
+    may be flushed to zero (the reduction converts to float32 and back: NaN payloads, the sign of a zero sum and
+    subnormal results are not promised)."""
+    __tracebackhide__ = True
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        raise AssertionError(_shape_message(name, rank, got, expected, against, call))
+    bad = ~same_value(got, expected)
+    if bool(bad.any()):
+        message = _first_bad(name, rank, bad, got, expected).replace(" differs ", f" differs from {against} ")
+        raise AssertionError(f"{message} [{call}]")
+
+
+def assert_sum_or_special(got: torch.Tensor, expected: ExpectedSum, expected_bf16: torch.Tensor, *, two_level: bool,
+                          name: str, rank: int, call: str) -> None:
+    """Bounded comparison that also admits special values: where the exact sum is NaN or +-Inf, ``got`` must be
+    NaN (any payload) or the same infinity; everywhere else it must be within the bound."""
+    __tracebackhide__ = True
+    special = ~torch.isfinite(expected.exact)
+    if bool(special.any()):
+        wrong = special & ~same_value(got, expected_bf16)
+        if bool(wrong.any()):
+            raise AssertionError(_first_bad(name, rank, wrong, got, expected_bf16)
+                                 + " (a non-finite sum; NaN matches any NaN)" + f" [{call}]")
+    zero = torch.zeros((), dtype=torch.float64)
+    finite = ExpectedSum(torch.where(special, zero, expected.exact), torch.where(special, zero, expected.abs_sum),
+                         expected.num_terms, expected.num_groups)
+    assert_within_bound(torch.where(special, torch.zeros_like(got), got), finite, two_level=two_level, name=name,
+                        rank=rank, call=call)
+
+
+def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str, rank: int, call: str) -> None:
+    """The rows ``tokens`` of ``got`` are all +0.0 (bit pattern 0), as combine returns for a token that reached
+    no rank."""
+    __tracebackhide__ = True
+    for token in tokens:
+        bits = got[token].contiguous().view(torch.int16)
+        if bool((bits != 0).any()):
+            columns = (bits != 0).nonzero().flatten().tolist()
+            raise AssertionError(
+                f"{name}[rank {rank}, token {token}] reached no rank and must come back as +0.0, got "
+                f"{hex_row(got[token], columns[:MAX_COLUMNS])} ({len(columns)} non-+0.0 column(s)) [{call}]"
+            )
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+
+
+def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: str | tuple[str, ...] | None = None,
+                             expected_message: str | None = None, message_prefix: str | None = None) -> None:
+    """Every rank raised; with the expected type / exact message / message prefix when given."""
+    __tracebackhide__ = True
+    types = (expected_type,) if isinstance(expected_type, str) else expected_type
+    for rank, got in enumerate(raised):
+        if got.type is None:
+            raise AssertionError(
+                f"rank {rank} returned normally, expected " + (f"{'/'.join(types)}" if types else "an exception")
+                + f" on every rank (per rank: {', '.join(map(str, raised))}) [{call}]"
+            )
+        if types is not None and got.type not in types:
+            raise AssertionError(f"rank {rank} raised {got}, expected {'/'.join(types)}"
+                                 + (f"({expected_message!r})" if expected_message is not None else "") + f" [{call}]")
+        if expected_message is not None and got.message != expected_message:
+            raise AssertionError(f"rank {rank} raised {got}, expected message {expected_message!r} [{call}]")
+        if message_prefix is not None and not (got.message or "").startswith(message_prefix):
+            raise AssertionError(f"rank {rank} raised {got}, expected a message starting {message_prefix!r} [{call}]")
+
+
+def assert_refused_then_usable(recorder: RecordsUnsupported, example: Example, results: list[dict[str, Any]], *,
+                               refused: str, after: str, call: str, what: str, **expected: Any) -> None:
+    """A refused call: ``results[rank][refused]`` (a :class:`Raised`) shows it raised on every rank (with
+    ``expected`` type / message / prefix, see :func:`assert_raised_everywhere`), and the valid dispatch right
+    after it, ``results[rank][after]``, returned the oracle's receipts on every rank (the buffer stayed usable)."""
+    __tracebackhide__ = True
+    assert_raised_everywhere([got[refused] for got in results], call=call, **expected)
+    for rank, got in enumerate(results):
+        assert_view_matches_oracle(recorder, example, rank, got[after], after=what)

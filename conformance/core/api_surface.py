@@ -1,0 +1,246 @@
+"""API surface (P14): the import probe and method signatures of an installed deep_ep-like module, a
+committed snapshot of the real DeepEP's, and the diff between them.
+
+A surface is plain JSON: ``{"probe": {...}, "classes": {class: {method: {"static": bool, "params":
+[{"name", "kind", "default"}]}}}}`` where ``default`` is the ``repr`` of the default (``None`` when the
+parameter has none; annotations are ignored).  The snapshot ``conformance/data/api-surface/deep_ep-2.1.0.json`` is
+generated from ``deep_ep-2.1.0-signatures.txt`` (signatures transcribed from the public DeepEP sources) by
+``python -m conformance.core.api_surface --write``.
+
+Diff rules: a removed class or method, a removed or renamed parameter, a changed kind, position or default,
+or a new required parameter is *breaking*; a new optional parameter or a new method is reported only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from conformance.core.probe import probe_module
+
+SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "data" / "api-surface"
+SNAPSHOT = SNAPSHOT_DIR / "deep_ep-2.1.0.json"
+SIGNATURES = SNAPSHOT_DIR / "deep_ep-2.1.0-signatures.txt"
+CLASSES = ("Buffer", "ElasticBuffer", "EPHandle", "EventOverlap")
+#: Dunder methods that are part of the surface (``EventOverlap`` is a context manager and a callable).
+DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
+#: Probe keys compared (``EventOverlap`` as the location relative to the package, e.g. ``.utils``).
+PROBE_KEYS = ("Buffer", "ElasticBuffer", "EventOverlap")
+#: Public methods of the real classes outside the contract (low-latency kernels, raw buffers, Engram, PP,
+#: AGRS, the deterministic epilogue): not snapshotted, and not reported when present.
+NOT_COVERED = {
+    "Buffer": ["clean_low_latency_buffer", "get_local_buffer_tensor", "get_next_low_latency_combine_buffer",
+               "low_latency_combine", "low_latency_dispatch", "low_latency_update_mask_buffer",
+               "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"],
+    "ElasticBuffer": ["agrs_get_inplace_tensor", "agrs_new_session", "agrs_set_config", "all_gather",
+                      "create_agrs_session", "destroy_agrs_session", "engram_fetch", "engram_write",
+                      "get_agrs_buffer_size_hint", "get_agrs_num_max_session_bytes", "get_engram_storage_size_hint",
+                      "get_pp_buffer_size_hint", "pp_recv", "pp_send", "pp_set_config"],
+    "EPHandle": ["deterministic_sort"],
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between the snapshot and the installed surface."""
+
+    where: str  # e.g. "ElasticBuffer.dispatch(num_max_tokens_per_rank)"
+    kind: str  # removed-method, removed-param, renamed-param, ... , added-optional-param, added-method
+    detail: str
+    breaking: bool
+
+
+# ------------------------------------------------------------------------------------------ extraction
+def _public_methods(cls: type) -> list[str]:
+    names = [n for n in dir(cls) if not n.startswith("_") or n in DUNDERS]
+    return [n for n in names if callable(inspect.getattr_static(cls, n, None)) or
+            isinstance(inspect.getattr_static(cls, n, None), staticmethod | classmethod)]
+
+
+def method_entry(cls: type, name: str) -> dict[str, Any]:
+    """Signature of ``cls.name`` without ``self`` (static methods flagged)."""
+    raw = inspect.getattr_static(cls, name)
+    static = isinstance(raw, staticmethod)
+    params = list(inspect.signature(getattr(cls, name)).parameters.values())
+    if not static and params and params[0].name == "self":
+        params = params[1:]
+    return {
+        "static": static,
+        "params": [
+            {"name": p.name, "kind": p.kind.name,
+             "default": None if p.default is inspect.Parameter.empty else repr(p.default)}
+            for p in params
+        ],
+    }
+
+
+def _find_class(module: Any, name: str) -> type | None:
+    if hasattr(module, name):
+        return getattr(module, name)
+    for owner in ("ElasticBuffer", "Buffer"):  # EPHandle lives next to ElasticBuffer in deep_ep.buffers.elastic
+        holder = sys.modules.get(getattr(getattr(module, owner, None), "__module__", ""), None)
+        if holder is not None and hasattr(holder, name):
+            return getattr(holder, name)
+    for where in (".utils", ".utils.event"):
+        try:
+            sub = importlib.import_module(module.__name__ + where)
+        except ImportError:
+            continue
+        if hasattr(sub, name):
+            return getattr(sub, name)
+    return None
+
+
+def surface_of(module_name: str) -> dict[str, Any]:
+    """The import probe and the signatures of every public method of the covered classes."""
+    probe = probe_module(module_name)
+    surface: dict[str, Any] = {"module": module_name, "version": probe.get("version"), "probe": {}, "classes": {}}
+    if not probe.get("importable"):
+        surface["probe"] = {"importable": False, "error": probe.get("error")}
+        return surface
+    for key in PROBE_KEYS:
+        value = probe.get(key)
+        if key == "EventOverlap" and isinstance(value, str):
+            value = value[len(module_name):]  # relative location, e.g. ".utils"
+        surface["probe"][key] = value
+    module = importlib.import_module(module_name)
+    for class_name in CLASSES:
+        cls = _find_class(module, class_name)
+        if cls is not None:
+            surface["classes"][class_name] = {m: method_entry(cls, m) for m in _public_methods(cls)}
+    return surface
+
+
+def snapshot_from_signatures(path: Path = SIGNATURES) -> dict[str, Any]:
+    """The snapshot JSON built from a file of transcribed signatures (parsed, never imported)."""
+    tree = ast.parse(path.read_text())
+    classes: dict[str, Any] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        methods: dict[str, Any] = {}
+        for fn in node.body:
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
+            args = fn.args
+            positional = args.posonlyargs + args.args
+            defaults = [None] * (len(positional) - len(args.defaults)) + [ast.unparse(d) for d in args.defaults]
+            params = [{"name": a.arg, "kind": "POSITIONAL_ONLY" if a in args.posonlyargs else "POSITIONAL_OR_KEYWORD",
+                       "default": d} for a, d in zip(positional, defaults, strict=True)]
+            if args.vararg:
+                params.append({"name": args.vararg.arg, "kind": "VAR_POSITIONAL", "default": None})
+            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+                params.append({"name": a.arg, "kind": "KEYWORD_ONLY", "default": None if d is None else ast.unparse(d)})
+            if args.kwarg:
+                params.append({"name": args.kwarg.arg, "kind": "VAR_KEYWORD", "default": None})
+            if not static and params and params[0]["name"] == "self":
+                params = params[1:]
+            methods[fn.name] = {"static": static, "params": params}
+        classes[node.name] = methods
+    return {
+        "module": "deep_ep",
+        "version": "2.1.0",
+        "source": "deepseek-ai/DeepEP deep_ep/buffers/legacy.py, deep_ep/buffers/elastic.py, deep_ep/utils/event.py",
+        "probe": {"Buffer": True, "ElasticBuffer": True, "EventOverlap": ".utils"},
+        "classes": classes,
+        "not_covered": NOT_COVERED,
+    }
+
+
+def load_snapshot(path: Path = SNAPSHOT) -> dict[str, Any]:
+    """The committed snapshot."""
+    return json.loads(path.read_text())
+
+
+# ------------------------------------------------------------------------------------------ diff
+def _diff_params(where: str, expected: list[dict], observed: list[dict]) -> list[Change]:
+    changes: list[Change] = []
+    observed_by_name = {p["name"]: (i, p) for i, p in enumerate(observed)}
+    expected_names = {p["name"] for p in expected}
+    added = [p for p in observed if p["name"] not in expected_names]
+    for index, param in enumerate(expected):
+        at = f"{where}({param['name']})"
+        if param["name"] not in observed_by_name:
+            same_slot = observed[index] if index < len(observed) and observed[index] in added else None
+            if same_slot is not None:
+                changes.append(Change(at, "renamed-param", f"renamed to {same_slot['name']!r}", True))
+            else:
+                changes.append(Change(at, "removed-param", "no longer accepted", True))
+            continue
+        position, got = observed_by_name[param["name"]]
+        if got["kind"] != param["kind"]:
+            changes.append(Change(at, "kind-changed", f"{param['kind']} -> {got['kind']}", True))
+        if got["default"] != param["default"]:
+            changes.append(Change(at, "default-changed", f"{param['default']} -> {got['default']}", True))
+        if position != index and param["kind"] in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD"):
+            changes.append(Change(at, "moved-param", f"position {index} -> {position}", True))
+    for param in added:
+        at = f"{where}({param['name']})"
+        renamed = any(c.kind == "renamed-param" and c.detail == f"renamed to {param['name']!r}" for c in changes)
+        if renamed:
+            continue
+        if param["default"] is None and param["kind"] not in ("VAR_POSITIONAL", "VAR_KEYWORD"):
+            changes.append(Change(at, "added-required-param", "new parameter without a default", True))
+        else:
+            changes.append(Change(at, "added-optional-param", f"new optional parameter (default {param['default']})",
+                                  False))
+    return changes
+
+
+def diff_surface(expected: dict[str, Any], observed: dict[str, Any]) -> list[Change]:
+    """Every change from ``expected`` (the snapshot) to ``observed`` (an installed surface)."""
+    changes: list[Change] = []
+    for key, value in expected["probe"].items():
+        got = observed["probe"].get(key)
+        if got != value:
+            changes.append(Change(f"import {key}", "probe-changed", f"{value!r} -> {got!r}", True))
+    for class_name, methods in expected["classes"].items():
+        got_methods = observed["classes"].get(class_name)
+        if got_methods is None:
+            changes.append(Change(class_name, "removed-class", "class not found", True))
+            continue
+        for name, entry in methods.items():
+            where = f"{class_name}.{name}"
+            if name not in got_methods:
+                changes.append(Change(where, "removed-method", "method not found", True))
+                continue
+            if got_methods[name]["static"] != entry["static"]:
+                changes.append(Change(where, "static-changed", f"static {entry['static']} -> "
+                                      f"{got_methods[name]['static']}", True))
+            changes += _diff_params(where, entry["params"], got_methods[name]["params"])
+        for name in sorted(set(got_methods) - set(methods) - set(expected.get("not_covered", {}).get(class_name, []))):
+            changes.append(Change(f"{class_name}.{name}", "added-method", "not in the snapshot", False))
+    return changes
+
+
+def changes_as_json(changes: list[Change]) -> list[dict[str, Any]]:
+    """JSON-able changes (for the report)."""
+    return [asdict(c) for c in changes]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``--write``: regenerate the snapshot; default: print the emulation's diff against it."""
+    parser = argparse.ArgumentParser(prog="python -m conformance.core.api_surface")
+    parser.add_argument("--write", action="store_true", help="regenerate the snapshot from the signatures file")
+    parser.add_argument("--module", default="conformance.emulation")
+    args = parser.parse_args(argv)
+    if args.write:
+        SNAPSHOT.write_text(json.dumps(snapshot_from_signatures(), indent=1) + "\n")
+        print(f"wrote {SNAPSHOT}")
+        return 0
+    changes = diff_surface(load_snapshot(), surface_of(args.module))
+    for change in changes:
+        print(("BREAKING " if change.breaking else "reported ") + f"{change.where}: {change.kind} ({change.detail})")
+    return 1 if any(c.breaking for c in changes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""One example: a small plain description, and every tensor derived from it.
+
+Hypothesis draws :class:`Example` objects in the controller only.  They travel to the ranks as plain
+data; each rank builds *its* inputs with :func:`build_rank_inputs`, and the controller can rebuild every
+rank's inputs the same way to feed the oracle.  The extra inputs some properties need (combine biases, a
+second payload, upstream gradients) are derived here too, so that the ranks and the oracle build exactly
+the same tensors.  Everything comes from ``seed`` with a CPU ``torch.Generator``, so CPU and GPU worlds see
+identical bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import torch
+
+#: Routing patterns an example can ask for.
+ROUTINGS = ("random", "skewed", "one_rank", "one_expert")
+#: Payload kinds: random bf16, small integers (exactly summable), random with special float bytes.
+PAYLOADS = ("random", "integers", "special")
+
+#: bf16 bit patterns that must survive dispatch byte for byte (quiet/signalling NaNs with payloads,
+#: -0.0, +-Inf, the smallest subnormals).
+SPECIAL_BF16_BITS = (0x7FC0, 0xFFC0, 0x7FC1, 0x7F81, 0xFF81, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x8001)
+
+
+@dataclass(frozen=True)
+class Example:
+    """A routing/payload scenario, identical on every rank.
+
+    Attributes:
+        tokens_per_rank: number of tokens each rank sends (length = world size).
+        hidden: hidden size of a token.
+        num_topk: experts per token (slots, some may be masked with -1).
+        num_experts: number of experts, a multiple of the world size.
+        expert_alignment: per-expert receive counts are rounded up to this.
+        routing: one of :data:`ROUTINGS`.
+        mask_ratio: probability that a top-k slot is masked (-1).
+        payload: one of :data:`PAYLOADS`.
+        seed: seed of every random choice.
+        num_max_tokens_per_rank: the pinned V2 maximum (also the V2 source-index stride).
+    """
+
+    tokens_per_rank: tuple[int, ...]
+    hidden: int
+    num_topk: int
+    num_experts: int
+    expert_alignment: int = 1
+    routing: str = "random"
+    mask_ratio: float = 0.0
+    payload: str = "random"
+    seed: int = 0
+    num_max_tokens_per_rank: int = 128
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks the example is written for."""
+        return len(self.tokens_per_rank)
+
+    @property
+    def experts_per_rank(self) -> int:
+        """Local experts per rank."""
+        return self.num_experts // self.world_size
+
+    def to_json(self) -> str:
+        """A one-line JSON form, used in reproduction commands."""
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Example:
+        """Inverse of :meth:`to_json`."""
+        fields = json.loads(text)
+        fields["tokens_per_rank"] = tuple(fields["tokens_per_rank"])
+        return cls(**fields)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` if the description is not a valid example."""
+        if self.num_experts % self.world_size:
+            raise ValueError(f"num_experts={self.num_experts} is not a multiple of the world size {self.world_size}")
+        if not 1 <= self.num_topk <= self.num_experts:
+            raise ValueError(f"num_topk={self.num_topk} must be in 1..num_experts={self.num_experts}")
+        if any(t < 0 or t > self.num_max_tokens_per_rank for t in self.tokens_per_rank):
+            raise ValueError(f"tokens_per_rank={self.tokens_per_rank} exceed num_max_tokens_per_rank")
+        if self.routing not in ROUTINGS or self.payload not in PAYLOADS:
+            raise ValueError(f"unknown routing {self.routing!r} or payload {self.payload!r}")
+
+
+@dataclass
+class RankInputs:
+    """What one rank feeds to dispatch."""
+
+    x: torch.Tensor  # [T, hidden] bfloat16
+    topk_idx: torch.Tensor  # [T, num_topk] int64, -1 = masked
+    topk_weights: torch.Tensor  # [T, num_topk] float32
+
+    def to(self, device: torch.device | str) -> RankInputs:
+        """The same inputs on ``device``."""
+        return RankInputs(self.x.to(device), self.topk_idx.to(device), self.topk_weights.to(device))
+
+
+def _generator(example: Example, rank: int, stream: int) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed((example.seed * 1_000_003 + rank * 7919 + stream) % (2**63))
+    return gen
+
+
+def _routing(example: Example, rank: int) -> torch.Tensor:
+    num_tokens, k, num_experts = example.tokens_per_rank[rank], example.num_topk, example.num_experts
+    gen = _generator(example, rank, 1)
+    if example.routing == "random":
+        scores = torch.rand(num_tokens, num_experts, generator=gen)
+    elif example.routing == "skewed":
+        # Zipf-like popularity, the same popular experts on every rank.
+        popularity = 1.0 / torch.arange(1, num_experts + 1, dtype=torch.float64) ** 1.5
+        perm = torch.randperm(num_experts, generator=_generator(example, 0, 2))
+        scores = popularity[perm].float() * torch.rand(num_tokens, num_experts, generator=gen) ** 0.25
+    elif example.routing == "one_rank":
+        # Only rank 0's experts are eligible; the other slots stay masked.
+        scores = torch.rand(num_tokens, num_experts, generator=gen)
+        scores[:, example.experts_per_rank :] = -1.0
+    else:  # one_expert: global expert 0 is always chosen
+        scores = torch.rand(num_tokens, num_experts, generator=gen)
+        scores[:, 0] = 2.0
+    values, idx = scores.topk(k, dim=1)
+    idx = idx.to(torch.int64)
+    idx[values < 0] = -1
+    if example.mask_ratio > 0:
+        masked = torch.rand(num_tokens, k, generator=_generator(example, rank, 3)) < example.mask_ratio
+        idx[masked] = -1
+    return idx
+
+
+def _payload(example: Example, rank: int) -> torch.Tensor:
+    shape = (example.tokens_per_rank[rank], example.hidden)
+    gen = _generator(example, rank, 4)
+    if example.payload == "integers":
+        return torch.randint(-8, 9, shape, generator=gen).to(torch.bfloat16)
+    x = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    if example.payload == "special" and x.numel():
+        bits = x.view(torch.int16)
+        where = torch.rand(shape, generator=gen) < 0.05
+        choices = torch.tensor([b - 0x10000 if b >= 0x8000 else b for b in SPECIAL_BF16_BITS], dtype=torch.int16)
+        picks = choices[torch.randint(0, len(choices), shape, generator=gen)]
+        bits[where] = picks[where]
+        bits[0, 0] = choices[rank % len(choices)]  # at least one special value per rank
+    return x
+
+
+def build_rank_inputs(example: Example, rank: int) -> RankInputs:
+    """The inputs rank ``rank`` sends for ``example`` (CPU tensors, deterministic)."""
+    weights = torch.rand(example.tokens_per_rank[rank], example.num_topk, generator=_generator(example, rank, 5))
+    return RankInputs(x=_payload(example, rank), topk_idx=_routing(example, rank), topk_weights=weights + 0.05)
+
+
+def build_all_inputs(example: Example) -> list[RankInputs]:
+    """Every rank's inputs, as the controller (and the oracle) sees them."""
+    return [build_rank_inputs(example, rank) for rank in range(example.world_size)]
+
+
+# ------------------------------------------------------------------------------------------ extra inputs
+
+
+def _extra_generator(example: Example, *parts: int) -> torch.Generator:
+    gen = torch.Generator()
+    seed = example.seed
+    for part in parts:
+        seed = (seed * 1_000_003 + part) % (2**63)
+    gen.manual_seed(seed)
+    return gen
+
+
+def _values(example: Example, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Small integers (exactly summable) for integer payloads, standard normals otherwise."""
+    if example.payload == "integers":
+        return torch.randint(-8, 9, shape, generator=gen).to(dtype)
+    return torch.randn(shape, generator=gen).to(dtype)
+
+
+def build_biases(example: Example, rank: int, num_bias: int) -> list[torch.Tensor]:
+    """The ``num_bias`` (0, 1 or 2) bf16 ``[tokens, hidden]`` bias tensors ``rank`` passes to combine."""
+    shape = (example.tokens_per_rank[rank], example.hidden)
+    return [_values(example, shape, torch.bfloat16, _extra_generator(example, 101, rank, i)) for i in range(num_bias)]
+
+
+def bias_argument(biases: list[torch.Tensor]) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``bias=`` argument both APIs take: ``None``, one tensor, or a 2-tuple."""
+    if not biases:
+        return None
+    return biases[0] if len(biases) == 1 else (biases[0], biases[1])
+
+
+def second_payload(example: Example, rank: int) -> torch.Tensor:
+    """Another payload of the same shape and kind (the example's payload with the next seed)."""
+    other = dataclasses.replace(example, seed=(example.seed + 1) % 2**32)
+    return build_rank_inputs(other, rank).x
+
+
+def upstream_row_grads(example: Example, dst_rank: int, src_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Upstream gradients ``dst_rank`` holds for the rows it received from ``src_rank``, indexed by source token:
+    bf16 ``[tokens of src_rank, hidden]`` for ``recv_x`` and float32 ``[tokens, num_topk]`` for the weights
+    (before masking: only slots with a local expert carry a weight gradient, see :func:`mask_weight_grads`)."""
+    num_tokens = example.tokens_per_rank[src_rank]
+    gx = _values(example, (num_tokens, example.hidden), torch.bfloat16,
+                 _extra_generator(example, 202, dst_rank, src_rank))
+    gw = _values(example, (num_tokens, example.num_topk), torch.float32,
+                 _extra_generator(example, 303, dst_rank, src_rank))
+    return gx, gw
+
+
+def mask_weight_grads(example: Example, dst_rank: int, topk_idx_row: torch.Tensor, grads: torch.Tensor) -> torch.Tensor:
+    """Zero the weight gradients of slots whose expert is not on ``dst_rank`` (global ``topk_idx_row``).
+
+    An expert layer only reads the weights of its local slots, so the upstream gradient of the others is
+    zero in real training.  (With non-zero gradients there, V1 sums them over ranks while V2 reads only the
+    owner's: the APIs would disagree, see P9.)
+    """
+    per_rank = example.experts_per_rank
+    local = (topk_idx_row >= 0) & (torch.div(topk_idx_row, per_rank, rounding_mode="floor") == dst_rank)
+    return torch.where(local, grads, torch.zeros_like(grads))
+
+
+def upstream_combined_grad(example: Example, rank: int) -> torch.Tensor:
+    """The upstream gradient of ``combined_x`` on ``rank`` (bf16 ``[tokens, hidden]``)."""
+    shape = (example.tokens_per_rank[rank], example.hidden)
+    return _values(example, shape, torch.bfloat16, _extra_generator(example, 404, rank))

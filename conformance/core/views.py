@@ -1,0 +1,63 @@
+"""What the ranks send back: canonical, order-free views of a backend's results, and what a call raised."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    """How a dispatch is called (the example gives the data; these give the call)."""
+
+    do_expand: bool = False
+    deterministic: bool = False
+    async_finish: bool = False
+    previous_event: bool = False
+
+
+@dataclass
+class DispatchView:
+    """One rank's dispatch result, rows identified by source (rank, token) instead of by position.
+
+    ``x``, ``topk_idx`` and ``topk_weights`` are the raw received rows (CPU copies); ``src_rank`` /
+    ``src_token`` say where each row came from.  ``extras`` holds API-specific fields (handle tensors,
+    prefix sums) for the properties that look at them.
+    """
+
+    backend: str
+    call: str  # e.g. "ElasticBuffer.dispatch(x, topk_idx, topk_weights, num_experts=8, ...)"
+    src_rank: torch.Tensor  # [N] int64
+    src_token: torch.Tensor  # [N] int64
+    x: torch.Tensor  # [N, hidden] bfloat16
+    topk_idx: torch.Tensor  # [N, num_topk] int64, local expert or -1
+    topk_weights: torch.Tensor  # [N, num_topk] float32
+    num_recv_tokens_per_expert: list[int]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Unsupported:
+    """A backend cleanly rejected a configuration the contract allows (a capability gap, not a crash)."""
+
+    backend: str
+    call: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Raised:
+    """What one call raised on one rank (``None`` fields: it did not raise)."""
+
+    type: str | None
+    message: str | None
+
+    @classmethod
+    def of(cls, exc: BaseException | None) -> Raised:
+        """From a caught exception (or ``None`` when the call returned)."""
+        return cls(None, None) if exc is None else cls(type(exc).__name__, str(exc))
+
+    def __str__(self) -> str:
+        return "returned normally" if self.type is None else f"{self.type}({self.message!r})"

@@ -1,0 +1,44 @@
+"""The run configuration, built from pytest options or from ``conformance.repro``'s arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from conformance.core.spec import BackendSpec
+from conformance.world.launcher import WorldShape
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything that decides how examples run."""
+
+    shape: WorldShape
+    backends: tuple[BackendSpec, ...]
+    device: str = "cpu"
+    example_timeout_s: float = 120.0
+    mutant: str | None = None
+    gpu_ids: tuple[str, ...] = ()
+    rank_env: dict[str, str] = field(default_factory=dict)
+    max_examples: int = 25
+    seed: int | None = None
+    #: World restarts after crashes or hangs that one property may spend (a run may spend 4 times as many).
+    max_restarts: int = 3
+    #: Why ``auto`` settled on what it did (e.g. the real deep_ep's import error), for the report header.
+    notes: tuple[str, ...] = ()
+    #: What the import probe of the real ``deep_ep`` found (``importable``, ``version``, ``error``, ...).
+    deep_ep_probe: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks."""
+        return self.shape.size
+
+    def cli_args(self) -> str:
+        """The command-line options that reproduce this configuration."""
+        args = (
+            f"--nodes {self.shape.nodes} --ranks-per-node {self.shape.ranks_per_node} "
+            f"--backends {','.join(b.name for b in self.backends)} --device {self.device}"
+        )
+        if self.mutant:
+            args += f" --mutant {self.mutant}"
+        return args

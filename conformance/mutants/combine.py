@@ -1,0 +1,174 @@
+"""Mutants of the combine side (reduction, combined weights, cached dispatch, autograd wrappers) and of payload
+bytes (NaN canonicalisation, -0.0 flushing), each as narrow as the library or wrapper bug it models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from unittest import mock
+
+import torch
+
+from conformance.backends import autograd
+from conformance.backends.elastic import ElasticAdapter
+from conformance.backends.legacy import LegacyAdapter
+from conformance.emulation import _exchange, _route
+from conformance.mutants.registry import register
+
+_combine_reduce = _route.combine_reduce
+_gather_selected = _exchange.gather_selected
+
+#: bf16 bits of the canonical quiet NaN and of -0.0.
+CANONICAL_NAN = 0x7FC0
+NEGATIVE_ZERO = -0x8000  # 0x8000 as int16
+
+
+def _nonempty(contributions: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> list[int]:
+    return [i for i, (tokens, _) in enumerate(contributions) if tokens.numel()]
+
+
+@register("combine-drops-contributor", "harmful",
+          "combine skips the last source rank that sent rows back (an off-by-one in the rank loop)")
+def combine_drops_contributor() -> Iterator[None]:
+    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+        contributions = list(contributions)
+        nonempty = _nonempty(contributions)
+        if nonempty:
+            del contributions[nonempty[-1]]
+        return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+
+    with mock.patch.object(_route, "combine_reduce", patched):
+        yield
+
+
+@register("combine-counts-contributor-twice", "harmful",
+          "combine adds the first source rank's rows twice (a rank index not advanced)")
+def combine_counts_contributor_twice() -> Iterator[None]:
+    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+        contributions = list(contributions)
+        nonempty = _nonempty(contributions)
+        if nonempty:
+            contributions.append(contributions[nonempty[0]])
+        return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+
+    with mock.patch.object(_route, "combine_reduce", patched):
+        yield
+
+
+@register("combine-bias-twice", "harmful", "combine adds each bias tensor twice")
+def combine_bias_twice() -> Iterator[None]:
+    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+        return _combine_reduce(num_tokens, hidden, contributions, list(bias) * 2, out_dtype, device)
+
+    with mock.patch.object(_route, "combine_reduce", patched):
+        yield
+
+
+@register("combine-unreached-token-garbage", "harmful",
+          "combine skips tokens no rank sent back, leaving their output rows uninitialised (NaN bits here)")
+def combine_unreached_token_garbage() -> Iterator[None]:
+    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+        out = _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+        touched = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+        for tokens, _ in contributions:
+            touched[tokens.to(torch.int64)] = True
+        out[~touched] = float("nan")
+        return out
+
+    with mock.patch.object(_route, "combine_reduce", patched):
+        yield
+
+
+@register("combined-weights-master-lane", "harmful",
+          "V2 combine writes, for every slot, the weight of the first slot with the same owner rank "
+          "(reads the master lane's slot instead of its own)")
+def combined_weights_master_lane() -> Iterator[None]:
+    from conformance.world.rank import context
+
+    original = ElasticAdapter.combine
+
+    def patched(self, raw, x, topk_weights=None, bias=None, async_finish=False):
+        combined_x, combined_w = original(self, raw, x, topk_weights, bias, async_finish)
+        if combined_w is not None:
+            handle = raw["handle"]
+            idx = handle.topk_idx.to(torch.int64)
+            owner = torch.where(idx >= 0, idx // (handle.num_experts // context().world_size), -1)
+            first = torch.arange(idx.shape[1], device=idx.device).expand_as(idx).clone()
+            for slot in range(idx.shape[1]):
+                for earlier in reversed(range(slot)):  # the smallest matching slot is written last
+                    first[owner[:, earlier] == owner[:, slot], slot] = earlier
+            wrong = combined_w.gather(1, first)
+            combined_w = wrong
+        return combined_x, combined_w
+
+    with mock.patch.object(ElasticAdapter, "combine", patched):
+        yield
+
+
+@register("cached-dispatch-stale", "harmful",
+          "a cached dispatch returns the previous dispatch's payload instead of the new one")
+def cached_dispatch_stale() -> Iterator[None]:
+    def stale(self, raw, x):
+        return raw["recv_x"].clone()
+
+    with mock.patch.object(LegacyAdapter, "cached_dispatch", stale), \
+            mock.patch.object(ElasticAdapter, "cached_dispatch", stale):
+        yield
+
+
+@register("gradient-sign-flipped", "harmful", "FusedDispatch.backward returns -combine(grad) for x")
+def gradient_sign_flipped() -> Iterator[None]:
+    original = autograd.FusedDispatch.backward
+
+    def backward(ctx, grad_recv_x, grad_recv_weights):
+        grad_x, *rest = original(ctx, grad_recv_x, grad_recv_weights)
+        return (-grad_x, *rest)
+
+    with mock.patch.object(autograd.FusedDispatch, "backward", staticmethod(backward)):
+        yield
+
+
+@register("gradient-scale-wrong", "harmful",
+          "FusedCombine.backward divides the gradient by the world size (averages over the EP group)")
+def gradient_scale_wrong() -> Iterator[None]:
+    from conformance.world.rank import context
+
+    original = autograd.FusedCombine.backward
+
+    def backward(ctx, grad_combined):
+        grad, *rest = original(ctx, grad_combined)
+        return ((grad.float() / context().world_size).to(grad.dtype), *rest)
+
+    with mock.patch.object(autograd.FusedCombine, "backward", staticmethod(backward)):
+        yield
+
+
+def _rewrite_received_payload(rewrite) -> Iterator[None]:
+    """Patch the emulation's token exchange so that received bf16 payloads pass through ``rewrite(bits)``."""
+
+    def patched(group, counts, fields, selector):
+        received = _gather_selected(group, counts, fields, selector)
+        x = received.fields.get("x")
+        if x is not None and x.dtype == torch.bfloat16:
+            received.fields["x"] = rewrite(x.contiguous().view(torch.int16).clone()).view(torch.bfloat16)
+        return received
+
+    with mock.patch.object(_exchange, "gather_selected", patched):
+        yield
+
+
+@register("nan-canonicalised", "harmful",
+          "dispatch moves payloads through float arithmetic: every NaN arrives as the canonical 0x7FC0")
+def nan_canonicalised() -> Iterator[None]:
+    def rewrite(bits: torch.Tensor) -> torch.Tensor:
+        is_nan = ((bits & 0x7F80) == 0x7F80) & ((bits & 0x007F) != 0)
+        return torch.where(is_nan, torch.full_like(bits, CANONICAL_NAN), bits)
+
+    yield from _rewrite_received_payload(rewrite)
+
+
+@register("negative-zero-flushed", "harmful", "dispatch adds +0.0 to the payload: -0.0 arrives as +0.0")
+def negative_zero_flushed() -> Iterator[None]:
+    def rewrite(bits: torch.Tensor) -> torch.Tensor:
+        return torch.where(bits == NEGATIVE_ZERO, torch.zeros_like(bits), bits)
+
+    yield from _rewrite_received_payload(rewrite)

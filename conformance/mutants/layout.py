@@ -1,0 +1,320 @@
+"""Mutants of the dispatch layout: counts, alignment, prefix sums, ``recv_topk_idx``, weights, the V2 expand
+layout and the deterministic order (caught by P2, P3, P4, P8, P13); and two benign changes the contract
+allows (V2's default receive order varying from call to call, and the bytes of expand-mode padding).
+
+Each planted defect sits where a real one would: in the emulation's routing math (``_route``) or in the
+emulated buffers, so every output derived from it (handles, combine) follows, as in a real library bug.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import itertools
+import unittest.mock
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from conformance.emulation import _route
+from conformance.emulation.elastic import ElasticBuffer
+from conformance.emulation.legacy import Buffer
+from conformance.mutants.patching import wrap_method
+from conformance.mutants.registry import register
+
+
+def _argument(original: Any, self: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value of parameter ``name`` in a call of ``original(self, *args, **kwargs)`` (defaults applied)."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments[name]
+
+
+@contextlib.contextmanager
+def _wrap_receive(edit: Any) -> Iterator[None]:
+    """While active, ``edit(buffer, plan, do_expand)`` edits the V2 receive plan in place."""
+
+    def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
+        plan = original(self, *args, **kwargs)
+        edit(self, plan, _argument(original, self, args, kwargs, "do_expand"))
+        return plan
+
+    with wrap_method(ElasticBuffer, "_receive", receive):
+        yield
+
+
+# ----------------------------------------------------------------------------------------------- counts
+@register(
+    "count-off-by-one", "harmful",
+    "V2 counts one receipt too many for the last local expert that received any; the raw count, the aligned "
+    "count list and the prefix sums all carry it (P2)",
+)
+def count_off_by_one() -> Iterator[None]:
+    original = _route.count_per_local_expert
+
+    def counted(recv_topk_idx: torch.Tensor, num_local_experts: int) -> list[int]:
+        counts = original(recv_topk_idx, num_local_experts)
+        busy = [e for e, c in enumerate(counts) if c > 0]
+        if busy:
+            counts[busy[-1]] += 1
+        return counts
+
+    with unittest.mock.patch.object(_route, "count_per_local_expert", counted):
+        yield
+
+
+@register(
+    "alignment-rounds-down", "harmful",
+    "per-expert counts are rounded DOWN to expert_alignment (floor instead of ceil) when the alignment is "
+    "above 1, in both APIs (P2; P8 for the expand layout)",
+)
+def alignment_rounds_down() -> Iterator[None]:
+    original = _route.align_up
+
+    def rounded(value: int, alignment: int) -> int:
+        return value // alignment * alignment if alignment > 1 else original(value, alignment)
+
+    with unittest.mock.patch.object(_route, "align_up", rounded):
+        yield
+
+
+@register(
+    "psum-exclusive", "harmful",
+    "V2 non-expand psum_num_recv_tokens_per_expert is the EXCLUSIVE prefix sum of the aligned counts (P2)",
+)
+def psum_exclusive() -> Iterator[None]:
+    def edit(buffer: ElasticBuffer, plan: dict, do_expand: bool) -> None:
+        if not do_expand:
+            aligned = torch.tensor(plan["aligned"], dtype=torch.int64)
+            plan["psum_expert"] = (torch.cumsum(aligned, 0) - aligned).to(plan["psum_expert"])
+
+    with _wrap_receive(edit):
+        yield
+
+
+# -------------------------------------------------------------------------------------- recv_topk_idx
+@register(
+    "topk-idx-wrong-local-expert", "harmful",
+    "the last received token with a local slot gets the next local expert's index there (wrong local "
+    "expert in recv_topk_idx, both APIs; needs >= 2 experts per rank) (P3)",
+)
+def topk_idx_wrong_local_expert() -> Iterator[None]:
+    original = _route.to_local_topk
+
+    def localised(topk_idx: torch.Tensor, rank: int, experts_per_rank: int) -> torch.Tensor:
+        local = original(topk_idx, rank, experts_per_rank)
+        hits = torch.nonzero(local >= 0)
+        if experts_per_rank > 1 and hits.shape[0]:
+            row, slot = hits[-1].tolist()
+            local[row, slot] = (local[row, slot] + 1) % experts_per_rank
+        return local
+
+    with unittest.mock.patch.object(_route, "to_local_topk", localised):
+        yield
+
+
+# -------------------------------------------------------------------------------------------- weights
+@register(
+    "zero-one-live-weight", "harmful",
+    "V2 writes 0 into one weight at a local (recv_topk_idx >= 0) slot: the first received token with a "
+    "local slot, on the last rank (P4)",
+)
+def zero_one_live_weight() -> Iterator[None]:
+    def edit(buffer: ElasticBuffer, plan: dict, do_expand: bool) -> None:
+        if do_expand or buffer.rank_idx != buffer.num_ranks - 1 or plan["recv_topk_weights"] is None:
+            return
+        hits = torch.nonzero(plan["recv_topk_idx"] >= 0)
+        if hits.shape[0]:
+            row, slot = hits[0].tolist()
+            plan["recv_topk_weights"] = plan["recv_topk_weights"].clone()
+            plan["recv_topk_weights"][row, slot] = 0.0
+
+    with _wrap_receive(edit):
+        yield
+
+
+@register(
+    "v2-zeroes-minus-one-weights", "harmful",
+    "V2 writes 0 at the -1 slots of recv_topk_weights (V1's behaviour leaking into V2): V2 changed its "
+    "own behaviour (P4)",
+)
+def v2_zeroes_minus_one_weights() -> Iterator[None]:
+    def edit(buffer: ElasticBuffer, plan: dict, do_expand: bool) -> None:
+        weights = plan["recv_topk_weights"]
+        if not do_expand and weights is not None:
+            plan["recv_topk_weights"] = torch.where(plan["recv_topk_idx"] >= 0, weights, torch.zeros_like(weights))
+
+    with _wrap_receive(edit):
+        yield
+
+
+@register(
+    "v1-keeps-minus-one-weights", "harmful",
+    "V1 keeps the sender's weight at the -1 slots of recv_topk_weights instead of writing 0 (V2's "
+    "behaviour leaking into V1): V1 changed its own behaviour (P4)",
+)
+def v1_keeps_minus_one_weights() -> Iterator[None]:
+    received: list[torch.Tensor | None] = []
+
+    def exchange(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        recv = original(self, *args, **kwargs)
+        received.append(recv.fields.get("topk_weights"))
+        return recv
+
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        received.clear()
+        out = original(self, *args, **kwargs)
+        sent = received[-1] if received else None
+        if sent is not None and out[2] is not None and out[2].shape == sent.shape:
+            out = (out[0], out[1], sent.clone(), *out[3:])
+        return out
+
+    with wrap_method(Buffer, "_exchange", exchange), wrap_method(Buffer, "dispatch", dispatch):
+        yield
+
+
+# ---------------------------------------------------------------------------------------- expand mode
+@register(
+    "expand-not-contiguous", "harmful",
+    "V2 expand mode puts the last row of each expert that has padding at the END of its aligned segment, "
+    "leaving a gap inside the expert's rows (slot pointers, recv_x and combine follow) (P8)",
+)
+def expand_not_contiguous() -> Iterator[None]:
+    original = _route.expand_layout
+
+    def layout(recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int) -> tuple:
+        slots, raw, starts = original(recv_topk_idx, num_local_experts, alignment)
+        for count, start in zip(raw, starts, strict=True):
+            end = start + _route.align_up(count, alignment)
+            if 0 < count < end - start:
+                slots[slots == start + count - 1] = end - 1
+        return slots, raw, starts
+
+    with unittest.mock.patch.object(_route, "expand_layout", layout):
+        yield
+
+
+@register(
+    "expand-psum-non-expand-semantics", "harmful",
+    "V2 expand mode reports psum_num_recv_tokens_per_expert with the non-expand meaning (inclusive prefix "
+    "sum of the ALIGNED counts) instead of aligned start + raw count (P8)",
+)
+def expand_psum_non_expand_semantics() -> Iterator[None]:
+    def edit(buffer: ElasticBuffer, plan: dict, do_expand: bool) -> None:
+        if do_expand:
+            aligned = torch.tensor(plan["aligned"], dtype=torch.int64)
+            plan["psum_expert"] = torch.cumsum(aligned, 0).to(plan["psum_expert"])
+
+    with _wrap_receive(edit):
+        yield
+
+
+# ------------------------------------------------------------------------------------------ ordering
+def _token_major_order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
+                       group_key: torch.Tensor | None = None) -> torch.Tensor:
+    """A wrong sort key: by source token first, then source rank (the two halves of the key swapped)."""
+    key = src_tokens.to(torch.int64) * (1 << 20) + src_ranks.to(torch.int64)
+    return torch.sort(key, stable=True).indices
+
+
+@register(
+    "deterministic-not-sorted", "harmful",
+    "V2 deterministic=True sorts received tokens by (source token, source rank) instead of (source rank, "
+    "source token): a stable order, but not V1's (P13)",
+)
+def deterministic_not_sorted() -> Iterator[None]:
+    def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
+        if not self.deterministic:
+            return original(self, *args, **kwargs)
+        with unittest.mock.patch.object(_route, "receive_order", _token_major_order):
+            return original(self, *args, **kwargs)
+
+    with wrap_method(ElasticBuffer, "_receive", receive):
+        yield
+
+
+# -------------------------------------------------------------------------------------------- benign
+#: Seeds of fresh V2 dispatches in this rank process (a new arrival order every call).
+_ARRIVALS = itertools.count(1)
+
+
+def _arrival_order(seed: int) -> Any:
+    """A ``receive_order`` replacement: rows grouped by the scale-up peer they arrive through (the source
+    rank on one node, like the real library's per-peer blocks), shuffled inside each group by ``seed``."""
+
+    def order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
+              group_key: torch.Tensor | None = None) -> torch.Tensor:
+        gidx = src_ranks.to(torch.int64).cpu() * num_max_tokens_per_rank + src_tokens.to(torch.int64).cpu()
+        group = (group_key if group_key is not None else src_ranks).to(torch.int64).cpu()
+        if gidx.numel() == 0:
+            return torch.empty(0, dtype=torch.int64, device=src_ranks.device)
+        generator = torch.Generator().manual_seed(seed)
+        rank_of = torch.randperm(int(gidx.max()) + 1, generator=generator)  # a random priority per global index
+        key = group * (1 << 32) + rank_of[gidx]
+        return torch.sort(key, stable=True).indices.to(src_ranks.device)
+
+    return order
+
+
+@register(
+    "v2-shuffled-receive-order", "benign",
+    "V2 default (non-deterministic) mode: every fresh dispatch receives in a new arrival order (shuffled "
+    "within each scale-up peer's block); recv_x, weights, recv_src_metadata, the expand layout, cached "
+    "dispatch (same order as its handle) and combine all follow. Allowed: order is not part of the contract",
+)
+def v2_shuffled_receive_order() -> Iterator[None]:
+    current: list[int] = []
+
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        if self.deterministic:
+            return original(self, *args, **kwargs)
+        handle = _argument(original, self, args, kwargs, "handle")
+        seed = getattr(handle, "_conformance_arrival_seed", None) if handle is not None else None
+        seed = next(_ARRIVALS) if seed is None else seed
+        current.append(seed)
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            current.pop()
+        out[3]._conformance_arrival_seed = seed
+        return out
+
+    def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
+        if self.deterministic or not current:
+            return original(self, *args, **kwargs)
+        with unittest.mock.patch.object(_route, "receive_order", _arrival_order(current[-1])):
+            return original(self, *args, **kwargs)
+
+    with wrap_method(ElasticBuffer, "dispatch", dispatch), wrap_method(ElasticBuffer, "_receive", receive):
+        yield
+
+
+@register(
+    "expand-padding-garbage", "benign",
+    "V2 expand mode leaves different bytes in the alignment padding rows on every call (x rows of 0xFF.., "
+    "NaN/huge weights), as the real library does without do_zero_padding. Allowed: padding is not part of "
+    "the contract",
+)
+def expand_padding_garbage() -> Iterator[None]:
+    calls = itertools.count(1)
+
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        out = original(self, *args, **kwargs)
+        recv_x, weights, handle = out[0], out[2], out[3]
+        if not handle.do_expand or not isinstance(recv_x, torch.Tensor):
+            return out
+        used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
+        pointers = handle.recv_src_metadata[:, 2:].to(torch.int64)
+        used[pointers[pointers >= 0]] = True
+        pad = ~used
+        if not bool(pad.any()):
+            return out
+        n = next(calls)
+        recv_x.view(torch.uint8).view(recv_x.shape[0], -1)[pad] = (0xFF - n) % 256
+        if weights is not None:
+            weights[pad] = float("nan") if n % 2 else 3.0e38
+        return out
+
+    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+        yield

@@ -1,0 +1,173 @@
+"""Mutants of the runtime contract (P10 events, P11 QP cap, P12 bad input, P14 API surface).
+
+Each patches the emulation the way a real library bug would behave: an event recorded too early, an
+ignored ``previous_event``, a context manager that forgets to wait, a QP check that clamps instead of
+refusing, an over-full batch silently truncated, a refusal that leaves stale rows behind, combine
+recomputing its SM count, a renamed keyword argument.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+from unittest import mock
+
+import torch
+
+from conformance.emulation import Buffer, ElasticBuffer
+from conformance.emulation.utils import event as emulated_event
+from conformance.emulation.utils.event import EventHandle, EventOverlap
+from conformance.mutants.registry import register
+
+
+def _rebinding(cls: type, name: str, edit: Callable[[Any, dict[str, Any]], None]) -> Any:
+    """``mock.patch.object(cls, name, ...)`` with a wrapper that lets ``edit(self, arguments)`` rewrite the
+    bound arguments before the original runs."""
+    original = getattr(cls, name)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        edit(args[0], bound.arguments)
+        return original(*bound.args, **bound.kwargs)
+
+    return mock.patch.object(cls, name, wrapper)
+
+
+@register("async-result-before-ready", "harmful",
+          "async dispatch/combine record their event before the copy-out is queued: waiting leaves stale rows")
+def async_result_before_ready() -> Iterator[None]:
+    def complete_later(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
+        event = EventHandle(torch.device("cpu"))  # recorded too early
+        emulated_event.defer(lambda: [dst.copy_(src) for dst, src in fills])
+        return event
+
+    with mock.patch.object(emulated_event, "_complete_later", complete_later):
+        yield
+
+
+@register("previous-event-ignored", "harmful",
+          "dispatch does not wait for previous_event (V1 always, V2 when allocate_on_comm_stream=True)")
+def previous_event_ignored() -> Iterator[None]:
+    def drop_v1(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["previous_event"] = None
+
+    def drop_v2(self: Any, arguments: dict[str, Any]) -> None:
+        if arguments["allocate_on_comm_stream"]:  # the refusal check itself still works
+            arguments["previous_event"] = None
+
+    with _rebinding(Buffer, "dispatch", drop_v1), _rebinding(ElasticBuffer, "dispatch", drop_v2):
+        yield
+
+
+@register("event-overlap-exit-no-wait", "harmful", "`with event_overlap:` does not wait on exit")
+def event_overlap_exit_no_wait() -> Iterator[None]:
+    def exit_without_wait(self: EventOverlap, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        self._release_handle_by_call = False
+
+    with mock.patch.object(EventOverlap, "__exit__", exit_without_wait):
+        yield
+
+
+@register("qp-cap-exceeded-silently", "harmful",
+          "V2 dispatch clamps num_qps to num_allocated_qps instead of raising 'Allocated QPs are not enough'")
+def qp_cap_exceeded_silently() -> Iterator[None]:
+    def clamp(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["num_qps"] = min(arguments["num_qps"], self.num_allocated_qps)
+
+    with _rebinding(ElasticBuffer, "dispatch", clamp):
+        yield
+
+
+@register("too-many-tokens-truncated", "harmful",
+          "V2 dispatch accepts more tokens than num_max_tokens_per_rank and drops the extra rows")
+def too_many_tokens_truncated() -> Iterator[None]:
+    def truncate(self: Any, arguments: dict[str, Any]) -> None:
+        limit = arguments["num_max_tokens_per_rank"] or self.num_max_tokens_per_rank
+        if arguments["handle"] is None and not isinstance(arguments["x"], tuple) and arguments["x"].shape[0] > limit:
+            for key in ("x", "topk_idx", "topk_weights"):
+                if arguments[key] is not None:
+                    arguments[key] = arguments[key][:limit]
+
+    with _rebinding(ElasticBuffer, "dispatch", truncate):
+        yield
+
+
+@register("refusal-corrupts-buffer", "harmful",
+          "after a rejected call, the next dispatch on that buffer returns a stale first row")
+def refusal_corrupts_buffer() -> Iterator[None]:
+    dirty: set[int] = set()
+
+    def tracking(cls: type, name: str, corrupt: bool) -> Any:
+        original = getattr(cls, name)
+
+        @functools.wraps(original)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                result = original(self, *args, **kwargs)
+            except Exception:
+                dirty.add(id(self))
+                raise
+            if corrupt and id(self) in dirty and isinstance(result[0], torch.Tensor) and result[0].shape[0]:
+                dirty.discard(id(self))
+                result[0][0].view(torch.uint8).bitwise_xor_(0x5A)  # leftovers of the rejected call
+            return result
+
+        return mock.patch.object(cls, name, wrapper)
+
+    with (tracking(Buffer, "get_dispatch_layout", False), tracking(Buffer, "dispatch", True),
+          tracking(ElasticBuffer, "dispatch", True), tracking(ElasticBuffer, "combine", False)):
+        yield
+
+
+@register("combine-ignores-handle-num-sms", "harmful",
+          "V2 combine with num_sms=0 recomputes the theoretical SM count instead of reusing handle.num_sms")
+def combine_ignores_handle_num_sms() -> Iterator[None]:
+    def recompute(self: Any, arguments: dict[str, Any]) -> None:
+        if arguments["num_sms"] == 0:
+            handle = arguments["handle"]
+            arguments["num_sms"] = self.get_theoretical_num_sms(handle.num_experts, handle.topk_idx.shape[1])
+
+    with _rebinding(ElasticBuffer, "combine", recompute):
+        yield
+
+
+def _signature_patch(cls: type, name: str, edit: Callable[[list[inspect.Parameter]], list[inspect.Parameter]],
+                     translate: dict[str, str]) -> Any:
+    """Patch ``cls.name`` so its signature is ``edit``-ed; calls using the new names are translated back."""
+    original = getattr(cls, name)
+    signature = inspect.signature(original)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for new, old in translate.items():
+            if new in kwargs:
+                kwargs[old] = kwargs.pop(new)
+        return original(*args, **kwargs)
+
+    wrapper.__signature__ = signature.replace(parameters=edit(list(signature.parameters.values())))
+    wrapper.__doc__ = original.__doc__
+    return mock.patch.object(cls, name, wrapper)
+
+
+@register("renamed-dispatch-kwarg", "harmful",
+          "ElasticBuffer.dispatch renames num_max_tokens_per_rank to max_tokens_per_rank (API surface)")
+def renamed_dispatch_kwarg() -> Iterator[None]:
+    def rename(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+        return [p.replace(name="max_tokens_per_rank") if p.name == "num_max_tokens_per_rank" else p for p in params]
+
+    with _signature_patch(ElasticBuffer, "dispatch", rename, {"max_tokens_per_rank": "num_max_tokens_per_rank"}):
+        yield
+
+
+@register("added-optional-combine-kwarg", "benign",
+          "ElasticBuffer.combine gains an optional keyword (do_zero_padding=False): reported, not a failure")
+def added_optional_combine_kwarg() -> Iterator[None]:
+    def add(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+        return params + [inspect.Parameter("do_zero_padding", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)]
+
+    with _signature_patch(ElasticBuffer, "combine", add, {}):
+        yield

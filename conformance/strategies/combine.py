@@ -1,0 +1,48 @@
+"""Strategies for the combine-side properties (P5 combine, P6 round trip, P7 cached dispatch, P9 gradients).
+
+Small hidden sizes keep every example cheap (combine is about sums, not about hidden); 128 stays in because
+V2's combine rejects it (the known limit must be reported as unsupported while V1 is still checked).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from conformance.core.cases import CombineCase
+from conformance.strategies import examples
+
+#: Hidden sizes for combine-side properties: 128 (V2 combine limit) and two sizes both APIs combine.
+COMBINE_HIDDEN = (128, 256, 512)
+#: Pinned maxima: small, so that examples stay cheap and empty/full ranks are likely.
+COMBINE_MAX_TOKENS = (16, 64)
+
+
+def combine_examples(world_size: int, payloads: tuple[str, ...]) -> st.SearchStrategy:
+    """Examples with small hidden sizes and token counts, drawing the given payload kinds."""
+    return examples(world_size, hidden_sizes=COMBINE_HIDDEN, payloads=payloads, max_tokens=COMBINE_MAX_TOKENS)
+
+
+@st.composite
+def combine_cases(draw: st.DrawFn, world_size: int) -> CombineCase:
+    """P5 cases: ``exact`` mode with integer payloads or ``bounded`` mode with random ones; 0, 1 or 2 biases."""
+    mode = draw(st.sampled_from(("exact", "bounded")), label="mode")
+    payload = "integers" if mode == "exact" else "random"
+    example = draw(combine_examples(world_size, (payload,)), label="example")
+    case = CombineCase(example=example, num_bias=draw(st.integers(0, 2), label="num_bias"), mode=mode)
+    case.validate()
+    return case
+
+
+def round_trip_examples(world_size: int) -> st.SearchStrategy:
+    """P6: every payload kind (integers exact, random and special values bounded / value-compared)."""
+    return combine_examples(world_size, ("integers", "random", "special"))
+
+
+def cached_dispatch_examples(world_size: int) -> st.SearchStrategy:
+    """P7: every payload kind (cached dispatch moves bytes: NaN payloads and -0.0 must survive)."""
+    return combine_examples(world_size, ("integers", "random", "special"))
+
+
+def gradient_examples(world_size: int) -> st.SearchStrategy:
+    """P9: integer payloads give integer upstream gradients (exact); random ones give normal gradients."""
+    return combine_examples(world_size, ("integers", "random"))

@@ -1,0 +1,111 @@
+"""What every rank task gets: :func:`rank_task` does the per-task set-up once, for every task.
+
+A rank task is a module-level function ``task(env) -> result`` decorated with :func:`rank_task`.  The
+controller sends the function itself (pickled by reference) with the run's :class:`TaskSettings` and the
+case; on the rank the decorator builds the :class:`RankEnv` (where this rank is, its inputs for the case,
+the selected backends' adapters), traces the library calls, switches the active mutant on, and calls the
+task.  Tasks return plain data (views, tensors, :class:`~conformance.core.views.Raised`) per backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from conformance.backends.factory import MODULES, get_adapter
+from conformance.backends.limits import known_limit
+from conformance.backends.tracing import trace_classes
+from conformance.core.cases import example_of
+from conformance.core.example import Example, RankInputs, build_rank_inputs
+from conformance.core.spec import BackendSpec
+from conformance.core.views import Unsupported
+from conformance.mutants import activate
+from conformance.world.rank import RankContext, context
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """What every task needs besides the case: the backends to drive and the planted mutant, if any."""
+
+    backends: tuple[str, ...]
+    mutant: str | None = None
+
+
+class RankEnv:
+    """One rank's view of a task: where it is, the case, its inputs, and the backends to drive."""
+
+    def __init__(self, settings: TaskSettings, case: Any, ctx: RankContext) -> None:
+        self.settings = settings
+        self.case = case
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.world_size = ctx.world_size
+        self.group = ctx.group
+        self.device: torch.device = ctx.torch_device()
+        self.example: Example | None = example_of(case)
+        self._inputs: RankInputs | None = None
+
+    @property
+    def inputs(self) -> RankInputs:
+        """This rank's inputs for the case's example, on this rank's device."""
+        if self._inputs is None:
+            assert self.example is not None, "this case has no example"
+            self._inputs = build_rank_inputs(self.example, self.rank).to(self.device)
+        return self._inputs
+
+    def specs(self, api: str | None = None) -> Iterator[BackendSpec]:
+        """The selected backends (of ``api`` only, if given)."""
+        for name in self.settings.backends:
+            spec = BackendSpec.parse(name)
+            if api is None or spec.api == api:
+                yield spec
+
+    def adapters(self, api: str | None = None) -> Iterator[tuple[str, Any]]:
+        """``(backend name, adapter)`` for every selected backend (of ``api`` only, if given)."""
+        for spec in self.specs(api):
+            yield spec.name, get_adapter(spec)
+
+    def each_backend(self, operation: str, call: Callable[[Any], Any], api: str | None = None) -> dict[str, Any]:
+        """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``) becomes that
+        backend's :class:`Unsupported` result, any other propagates (a failure of the property)."""
+        out: dict[str, Any] = {}
+        for spec in self.specs(api):
+            out[spec.name] = self._call(spec, operation, call)
+        return out
+
+    def then_each_backend(self, first: dict[str, Any], operation: str, call: Callable[[Any, Any], Any]
+                          ) -> dict[str, Any]:
+        """A second stage per backend: ``call(adapter, first[backend])``; an :class:`Unsupported` first stage stays."""
+        out: dict[str, Any] = {}
+        for name, result in first.items():
+            spec = BackendSpec.parse(name)
+            out[name] = result if isinstance(result, Unsupported) else self._call(
+                spec, operation, lambda adapter, r=result: call(adapter, r))
+        return out
+
+    def _call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any]) -> Any:
+        try:
+            return call(get_adapter(spec))
+        except Exception as exc:
+            if self.example is None or known_limit(spec.api, operation, self.example) is None:
+                raise
+            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}")
+
+
+def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any]:
+    """Make ``fn(env)`` a rank task: called on every rank as ``task(settings, case)``."""
+
+    @functools.wraps(fn)
+    def task(settings: TaskSettings, case: Any) -> Any:
+        for impl in sorted({BackendSpec.parse(name).impl for name in settings.backends}):
+            trace_classes(importlib.import_module(MODULES[impl]), impl)  # before a mutant patches the classes
+        env = RankEnv(settings, case, context())
+        with activate(settings.mutant):
+            return fn(env)
+
+    return task

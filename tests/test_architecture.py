@@ -1,0 +1,156 @@
+"""The house rules, checked by walking every import of the package (module level and inside functions).
+
+Layers, lowest first; a module may import its own layer or lower ones, never a higher one.  So the rank side
+never loads the controller's modules (checks, strategies, the oracle), and the emulation knows nothing of the
+suite.  There is no import cycle between modules.  (docs/architecture.md draws the same picture.)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "conformance"
+
+#: (layer, module prefixes), lowest first.  The longest matching prefix decides a module's layer.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("the package", ("conformance",)),  # its __init__ imports nothing
+    ("the library model", ("conformance.emulation",)),
+    ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors")),
+    ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants")),
+    ("controller foundations", ("conformance.oracle", "conformance.strategies", "conformance.canonical",
+                                "conformance.assertions", "conformance.world.launcher")),
+    ("properties", ("conformance.properties",)),
+    ("harness", ("conformance.harness", "conformance.reporting", "conformance.mutation", "conformance.repro",
+                 "conformance.plugin")),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    best, layer = -1, None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+                best, layer = len(prefix), index
+    assert layer is not None, f"{module} is in no layer: add it to LAYERS"
+    return layer
+
+
+def imports_of(path: Path, module: str | None = None) -> set[str]:
+    """The ``conformance.*`` modules ``path`` imports (``from a import b``: ``a.b`` if it is a module, else ``a``)."""
+    module = module or module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            subs = [f"{base}.{alias.name}" for alias in node.names]
+            modules = [sub for sub in subs if sub in MODULES]
+            found.update(modules)
+            if len(modules) < len(subs):  # names taken from ``base`` itself
+                found.add(base)
+    return {name for name in found if name == "conformance" or name.startswith("conformance.")}
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def resolved(name: str) -> str | None:
+    """``name`` if it is a module of the package (else ``None``: a function or class imported from one)."""
+    return name if name in MODULES else None
+
+
+def explicit_graph() -> dict[str, set[str]]:
+    """module -> the package modules it names in an import."""
+    return {module: {t for t in map(resolved, imports_of(path)) if t and t != module}
+            for module, path in MODULES.items()}
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    """module -> every package module importing it loads: the ones it names and their parent packages."""
+    out = {}
+    for module, targets in explicit_graph().items():
+        parents = {".".join(t.split(".")[:i]) for t in targets for i in range(1, t.count(".") + 1)}
+        out[module] = targets | {p for p in parents if p in MODULES and p != module}
+    return out
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_no_module_imports_a_higher_layer(graph: dict[str, set[str]]) -> None:
+    upward = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]})"
+              for module, targets in sorted(graph.items()) for target in sorted(targets)
+              if layer_of(target) > layer_of(module)]
+    assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+def test_the_rank_side_never_loads_the_controller(graph: dict[str, set[str]]) -> None:
+    """Everything a rank task can reach (transitively) is at most rank side."""
+    rank_side = max(i for i, (name, _) in enumerate(LAYERS) if name == "rank side")
+    for start in (m for m in MODULES if layer_of(m) <= rank_side):
+        seen, todo = set(), [start]
+        while todo:
+            module = todo.pop()
+            if module in seen:
+                continue
+            seen.add(module)
+            assert layer_of(module) <= rank_side, f"{start} reaches the controller module {module}"
+            todo.extend(graph[module])
+
+
+def test_no_import_cycle() -> None:
+    """(Between the modules named in imports: a package's ``__init__`` importing its own modules is not a cycle.)"""
+    graph = explicit_graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_rule_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
+    """Meta-test: an import from the rank side up into the properties is reported."""
+    planted = tmp_path / "planted.py"
+    planted.write_text("def task():\n    from ..properties import catalog\n")
+    targets = {t for t in map(resolved, imports_of(planted, "conformance.tasks.planted")) if t}
+    assert targets == {"conformance.properties"}
+    assert layer_of("conformance.properties") > layer_of("conformance.tasks.planted")
