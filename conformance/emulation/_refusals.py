@@ -11,9 +11,10 @@ placeholders filled from the keyword arguments (e.g. ``Unsupported number of EP 
 from __future__ import annotations
 
 import functools
-import tomllib
 from pathlib import Path
 from typing import Any, NoReturn
+
+import tomllib
 
 #: The project's refusal table (one ``[[refusal]]`` per library refusal).
 TABLE_PATH = Path(__file__).with_name("refusals.toml")

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from . import _checks, _comm, _exchange, _refusals, _route, _sizing
-from ._refusals import check, refuse
+from ._refusals import check
 from ._topology import Topology, get_topology
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
@@ -309,8 +309,7 @@ class ElasticBuffer:
             do_expand = handle.do_expand
         num_max_tokens_per_rank = _value_or(num_max_tokens_per_rank, self.num_max_tokens_per_rank)
         expert_alignment = _value_or(expert_alignment, 1)
-        if self.runtime is None:
-            refuse("v2_dispatch_after_destroy")
+        check(self.runtime is not None, "v2_dispatch_after_destroy")
         # pybind11 argument conversion of ``self.runtime.dispatch(...)``
         if num_experts is None and "v2_dispatch_num_experts_none_explicit_sms" not in _refusals.SUPPRESSED:
             raise _pybind_type_error("dispatch", "v2_dispatch_num_experts_none_explicit_sms")
@@ -611,8 +610,7 @@ class ElasticBuffer:
         elif isinstance(bias, tuple):
             check(len(bias) == 2, "v2_combine_bias_tuple")
             biases = [b for b in bias if b is not None]
-        if self.runtime is None:
-            refuse("v2_combine_after_destroy")
+        check(self.runtime is not None, "v2_combine_after_destroy")
         handle_fields = (handle.recv_src_metadata, handle.topk_idx, handle.psum_num_recv_tokens_per_scaleup_rank,
                          handle.token_metadata_at_forward, handle.channel_linked_list, handle.num_experts,
                          handle.num_max_tokens_per_rank, handle.do_expand)  # what the wrapper passes on
@@ -729,8 +727,8 @@ class ElasticBuffer:
             "v2_combine_buffer_size",
         )
         if self.num_scaleout_ranks > 1:
-            if handle.token_metadata_at_forward is None:  # std::optional::value() of a direct-mode handle
-                refuse("v2_combine_hybrid_handle_without_metadata")
+            # std::optional::value() of a direct-mode handle
+            check(handle.token_metadata_at_forward is not None, "v2_combine_hybrid_handle_without_metadata")
             channels = handle.token_metadata_at_forward.shape[0]
             check(channels % num_sms == 0, "v2_combine_hybrid_channels")
             check(channels // num_sms <= 16, "v2_combine_hybrid_channels_per_sm")

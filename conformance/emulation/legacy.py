@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _checks, _comm, _exchange, _refusals, _route, _sizing
+from . import _checks, _comm, _exchange, _route, _sizing
 from ._checks import INT_MAX
 from ._refusals import check, refuse
 from ._topology import get_topology
@@ -80,7 +80,8 @@ def _bytes_per_token(hidden_int4: int, num_scales: int, num_topk_idx: int, num_t
 
 
 def _rdma_clean_meta(
-    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int, channels: int
+    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int,
+    channels: int,
 ) -> tuple[int, int]:
     """``internode::get_rdma_clean_meta`` (int offset, int count)."""
     per_token = _bytes_per_token(hidden_int4, num_scales, topk_idx, topk_weights)
@@ -91,7 +92,8 @@ def _rdma_clean_meta(
 
 
 def _nvl_clean_meta(
-    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int, channels: int
+    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int,
+    channels: int,
 ) -> tuple[int, int]:
     """``internode::get_nvl_clean_meta`` (int offset, int count) with ``NUM_MAX_NVL_PEERS`` NVLink ranks."""
     per_token = _bytes_per_token(hidden_int4, num_scales, topk_idx, topk_weights)
@@ -225,16 +227,14 @@ class Buffer:
         NVLink rank count has no barrier kernel (not 2, 4 or 8) refuses when ``num_nvl_bytes > 0``.
         """
         check(self.explicitly_destroy, "v1_destroy_not_explicit")
-        if self.runtime is None:
-            refuse("v1_destroy_twice")
+        check(self.runtime is not None, "v1_destroy_twice")
         if self.num_nvl_bytes > 0:
             check(self._topo.ranks_per_node in SUPPORTED_NVL_RANKS, "v1_destroy_unsupported_ranks")
         self.runtime = None
 
     def _check_alive(self, row_id: str) -> None:
         """A destroyed buffer's runtime is ``None``: the library fails with ``AttributeError`` on it."""
-        if self.runtime is None:
-            refuse(row_id)
+        check(self.runtime is not None, row_id)
 
     @staticmethod
     def is_sm90_compiled() -> bool:
@@ -453,10 +453,13 @@ class Buffer:
         )
         if cached:
             check(_contiguous_nd(cached_rank_prefix_matrix, 2), "v1_dispatch_cached_rank_prefix_shape")
-            check(tuple(cached_rank_prefix_matrix.shape) == (num_ranks, num_ranks), "v1_dispatch_cached_rank_prefix_size")
+            check(
+                tuple(cached_rank_prefix_matrix.shape) == (num_ranks, num_ranks), "v1_dispatch_cached_rank_prefix_size"
+            )
             check(_contiguous_nd(cached_channel_prefix_matrix, 2), "v1_dispatch_cached_channel_prefix_shape")
             check(
-                tuple(cached_channel_prefix_matrix.shape) == (num_ranks, num_channels), "v1_dispatch_cached_channel_count"
+                tuple(cached_channel_prefix_matrix.shape) == (num_ranks, num_channels),
+                "v1_dispatch_cached_channel_count",
             )
         else:
             check(_contiguous_nd(num_tokens_per_expert, 1), "v1_dispatch_tokens_per_expert_dim")
@@ -1090,7 +1093,8 @@ class Buffer:
         )
         check(rdma_rank_prefix_sum.shape[0] == num_rdma_ranks, "v1_internode_combine_handle_1289")
         check(
-            tuple(gbl_channel_prefix_matrix.shape) == (num_ranks, num_channels), "v1_internode_combine_channel_count_1290"
+            tuple(gbl_channel_prefix_matrix.shape) == (num_ranks, num_channels),
+            "v1_internode_combine_channel_count_1290",
         )
         check(tuple(combined_rdma_head.shape) == (num_combined_tokens, num_rdma_ranks),
               "v1_internode_combine_handle_1291")
