@@ -18,10 +18,10 @@ import importlib
 import os
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from conformance.example import Example
 from conformance.world import World, WorldShape
