@@ -198,27 +198,25 @@ def test_cited_lines_hold_their_expressions_in_the_deepep_source() -> None:
 
 # --------------------------------------------------------------------------- (b) recipes on gloo worlds
 @pytest.fixture(scope="module")
-def worlds():
-    started: dict[str, World] = {}
+def world_1x2():
+    """The 2-rank world, kept for the whole module (the mutant test reuses it)."""
+    with World(SHAPES["1x2"]) as world:
+        yield world
 
-    def get(kind: str) -> World:
-        if kind not in started:
-            started[kind] = World(SHAPES[kind])
-        return started[kind]
 
-    yield get
-    for world in started.values():
-        world.close()
+def _run_rows(world: World, kind: str) -> list[dict]:
+    names = [n for r in LIVE_ROWS if r["world"] == kind for n in (r["recipe"], r["neighbour"])]
+    return world.run("tests.refusal_tasks:run_recipes", names, EXAMPLES[kind].to_json(), timeout=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
-def results(worlds) -> dict[str, list[dict]]:
-    """Per world kind: every rank's ``{recipe name: (type, message)}`` for its rows' recipes and neighbours."""
-    out = {}
-    for kind in SHAPES:
-        names = [n for r in LIVE_ROWS if r["world"] == kind for n in (r["recipe"], r["neighbour"])]
-        out[kind] = worlds(kind).run("tests.refusal_tasks:run_recipes", names, EXAMPLES[kind].to_json(),
-                                     timeout=TIMEOUT_S)
+def results(world_1x2) -> dict[str, list[dict]]:
+    """Per world kind: every rank's ``{recipe name: (type, message)}`` for its rows' recipes and neighbours
+    (one task per world; the 2x2 and 1-rank worlds are closed right after theirs)."""
+    out = {"1x2": _run_rows(world_1x2, "1x2")}
+    for kind in ("2x2", "1x1"):
+        with World(SHAPES[kind]) as world:
+            out[kind] = _run_rows(world, kind)
     return out
 
 
@@ -258,7 +256,7 @@ def test_rows_per_status(capsys) -> None:
 
 
 # ---------------------------------------------------------------------------------------- (d) mutants
-def test_every_refusal_mutant_changes_its_rows_behaviour(worlds) -> None:
+def test_every_refusal_mutant_changes_its_rows_behaviour(world_1x2) -> None:
     from conformance.mutation import MUTANTS, mutants  # noqa: F401 - registers the catalog
     from conformance.mutation.mutants import refusals
 
@@ -267,9 +265,9 @@ def test_every_refusal_mutant_changes_its_rows_behaviour(worlds) -> None:
     for name, row_id in refusals.TARGETS.items():
         assert MUTANTS[name].kind == "harmful"
         row = by_id[row_id]
-        world = worlds(row["world"])
-        example = EXAMPLES[row["world"]].to_json()
-        per_rank = world.run("tests.refusal_tasks:run_recipes", [row["recipe"], row["neighbour"]], example, name,
+        assert row["world"] == "1x2", f"{name}: its row {row_id} needs the {row['world']} world"
+        example = EXAMPLES["1x2"].to_json()
+        per_rank = world_1x2.run("tests.refusal_tasks:run_recipes", [row["recipe"], row["neighbour"]], example, name,
                              timeout=TIMEOUT_S)
         for rank, got in enumerate(per_rank):
             recipe_type, recipe_message = got[row["recipe"]]
