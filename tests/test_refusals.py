@@ -243,6 +243,23 @@ def test_neighbours_pass_on_every_rank(results, kind: str) -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_a_rank_local_refusal_on_one_rank_raises_everywhere_and_leaves_the_buffer_usable(world_1x2) -> None:
+    """V2 too many tokens on rank 0 only: rank 0 raises the library's error (buffer.hpp:756), rank 1 the
+    emulation's PeerRefused (its real counterpart would wait in the kernel), and the next dispatch works."""
+    row = next(r for r in ROWS if r["id"] == "v2_dispatch_too_many_tokens")
+    example = EXAMPLES["1x2"]
+    per_rank = world_1x2.run("tests.refusal_tasks:too_many_tokens_on_rank_0", example.to_json(), timeout=TIMEOUT_S)
+    (type0, message0), (type1, message1) = (got["raised"] for got in per_rank)
+    assert type0 == row["exception"] and message_matches(row, message0), per_rank[0]
+    assert type1 == "PeerRefused" and "rank(s) [0]" in message1, per_rank[1]
+    from conformance.example import build_all_inputs
+
+    epr = example.experts_per_rank
+    expected = [sum(int(((i.topk_idx >= 0) & (i.topk_idx // epr == rank)).any(1).sum()) for i in build_all_inputs(example))
+                for rank in range(example.world_size)]
+    assert [got["after_rows"] for got in per_rank] == expected
+
+
 # ---------------------------------------------------------------------------------------- (c) counts
 def test_rows_per_status(capsys) -> None:
     counts = collections.Counter(r["status"] for r in ROWS)
