@@ -255,7 +255,8 @@ def test_a_rank_local_refusal_on_one_rank_raises_everywhere_and_leaves_the_buffe
     from conformance.example import build_all_inputs
 
     epr = example.experts_per_rank
-    expected = [sum(int(((i.topk_idx >= 0) & (i.topk_idx // epr == rank)).any(1).sum()) for i in build_all_inputs(example))
+    inputs = build_all_inputs(example)
+    expected = [sum(int(((i.topk_idx >= 0) & (i.topk_idx // epr == rank)).any(1).sum()) for i in inputs)
                 for rank in range(example.world_size)]
     assert [got["after_rows"] for got in per_rank] == expected
 
