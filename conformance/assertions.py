@@ -14,6 +14,7 @@ would bring back the duplicates this module replaced.)
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -400,8 +401,9 @@ def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str
 
 
 def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: str | tuple[str, ...] | None = None,
-                             expected_message: str | None = None, message_prefix: str | None = None) -> None:
-    """Every rank raised; with the expected type / exact message / message prefix when given."""
+                             expected_message: str | None = None, message_prefix: str | None = None,
+                             message_pattern: str | None = None) -> None:
+    """Every rank raised; with the expected type / exact message / message prefix / message regex when given."""
     __tracebackhide__ = True
     types = (expected_type,) if isinstance(expected_type, str) else expected_type
     for rank, got in enumerate(raised):
@@ -417,6 +419,8 @@ def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: 
             raise AssertionError(f"rank {rank} raised {got}, expected message {expected_message!r} [{call}]")
         if message_prefix is not None and not (got.message or "").startswith(message_prefix):
             raise AssertionError(f"rank {rank} raised {got}, expected a message starting {message_prefix!r} [{call}]")
+        if message_pattern is not None and re.fullmatch(message_pattern, got.message or "", re.S) is None:
+            raise AssertionError(f"rank {rank} raised {got}, expected a message matching {message_pattern!r} [{call}]")
 
 
 def assert_refused_then_usable(recorder: RecordsUnsupported, example: Example, results: list[dict[str, Any]], *,

@@ -95,7 +95,7 @@ class FakeSession:
 
     def __init__(self, behaviour) -> None:
         self.behaviour, self.mutant, self.seen = behaviour, "m", []
-        self.config = SimpleNamespace(world_size=2)
+        self.config = SimpleNamespace(world_size=2, shape=SimpleNamespace(size=2, nodes=1, ranks_per_node=2))
 
     @contextlib.contextmanager
     def planted(self, mutant):
@@ -118,7 +118,7 @@ def _fails_when(predicate, exc=AssertionError):
 
 
 INTS = st.integers(0, 1000)
-PROP = SimpleNamespace(id="P", strategy=lambda world_size: INTS)
+PROP = SimpleNamespace(id="P", strategy=lambda world: INTS, explicit=None)
 
 
 def test_first_failure_is_seeded_and_stops_at_the_first_failing_draw() -> None:

@@ -24,7 +24,17 @@ class Limit:
     reason: str
 
 
+#: World sizes the legacy Buffer's default dispatch/combine configs cover (deep_ep/buffers/legacy.py).
+V1_CONFIGURED_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+
 KNOWN_LIMITS: tuple[Limit, ...] = (
+    *(Limit(
+        api="v1",
+        operation=operation,
+        applies=lambda example: example.world_size not in V1_CONFIGURED_RANKS,
+        reason="Buffer's default configs cover only 2, 4, 8, 16, ... 160 ranks ('Unsupported number of EP ranks: N', "
+               "deep_ep/buffers/legacy.py:259)",
+    ) for operation in ("dispatch", "combine")),
     Limit(
         api="v2",
         operation="combine",

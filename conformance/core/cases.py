@@ -90,41 +90,31 @@ class QpCase(ExampleCase):
             raise ValueError(f"over_qps/over_tokens must be >= 1 and offender a rank: {self}")
 
 
-#: P12's bad calls: which API each applies to.
-DEFECT_APIS: dict[str, tuple[str, ...]] = {
-    "int32_topk_idx": ("v1", "v2"),
-    "bf16_weights": ("v1", "v2"),
-    "experts_not_divisible": ("v1", "v2"),
-    "expert_id_out_of_range": ("v1", "v2"),
-    "too_many_tokens": ("v2",),
-    "v2_combine_hidden_128": ("v2",),
-    "v2_previous_event_without_allocate": ("v2",),
-    "v2_cached_dispatch_without_num_experts": ("v2",),
-    "odd_num_sms": ("v1",),
-}
-BAD_INPUT_DEFECTS = tuple(DEFECT_APIS)
+def p12_rows() -> dict[str, dict[str, Any]]:
+    """The rows of the refusal table (``conformance/emulation/refusals.toml``) P12 draws, by id."""
+    from conformance.emulation import _refusals
 
-
-def needs_tokens(defect: str) -> bool:
-    """Whether ``defect`` needs at least one token somewhere."""
-    return defect == "expert_id_out_of_range"
+    return {rid: row for rid, row in _refusals.rows().items() if row["drawn_by"] == "P12-bad-input"}
 
 
 @dataclass(frozen=True)
-class BadInputCase(ExampleCase):
-    """A valid example and the one defect P12 plants into the call made with it."""
+class BadCallCase(ExampleCase):
+    """P12: an example, and the refusal-table rows whose bad calls (and valid neighbours) are made with it."""
 
-    defect: str = "int32_topk_idx"
+    rows: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Inverse of :meth:`to_json`."""
+        case = super().from_json(text)
+        return dataclasses.replace(case, rows=tuple(case.rows))
 
     def validate(self) -> None:
-        """Raise ``ValueError`` unless the example is valid and the defect can be planted into it."""
+        """Raise ``ValueError`` unless the example is valid and every row is one P12 draws."""
         super().validate()
-        if self.defect not in DEFECT_APIS:
-            raise ValueError(f"unknown defect {self.defect!r}; known: {BAD_INPUT_DEFECTS}")
-        if needs_tokens(self.defect) and sum(self.example.tokens_per_rank) == 0:
-            raise ValueError(f"defect {self.defect} needs at least one token")
-        if self.defect == "v2_combine_hidden_128" and self.example.hidden != 128:
-            raise ValueError("defect v2_combine_hidden_128 needs hidden=128")
+        unknown = sorted(set(self.rows) - set(p12_rows()))
+        if not self.rows or unknown:
+            raise ValueError(f"rows must be refusal-table rows drawn by P12; unknown: {unknown or 'none given'}")
 
 
 @dataclass(frozen=True)

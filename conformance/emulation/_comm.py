@@ -26,17 +26,24 @@ def all_gather_ints(group: dist.ProcessGroup, values: Sequence[int], device: tor
 
 
 def preflight(
-    group: dist.ProcessGroup, device: torch.device, num_rows: int, error: str | None, what: str
+    group: dist.ProcessGroup,
+    device: torch.device,
+    num_rows: int,
+    error: str | BaseException | None,
+    what: str,
 ) -> list[int]:
     """Exchange each rank's row count and local validation verdict.
 
-    Raises ``ValueError(error)`` on the rank that found the problem and ``PeerRefused`` on the others,
-    so that a bad input on one rank produces an exception on every rank instead of a hang.
+    Raises ``error`` on the rank that found the problem (an exception as given, e.g. the library's own
+    refusal; a message as ``ValueError``) and ``PeerRefused`` on the others, so that a bad input on one rank
+    produces an exception on every rank instead of a hang.
 
     Returns:
         the row count of every rank.
     """
     table = all_gather_ints(group, [num_rows, 0 if error is None else 1], device)
+    if isinstance(error, BaseException):
+        raise error
     if error is not None:
         raise ValueError(error)
     bad = [r for r in range(group.size()) if int(table[r, 1]) != 0]

@@ -31,16 +31,26 @@ def expert_owner(topk_idx: torch.Tensor, experts_per_rank: int) -> torch.Tensor:
 
 
 def token_in_rank(topk_idx: torch.Tensor, num_experts: int, num_ranks: int) -> torch.Tensor:
-    """``[num_tokens, num_ranks]`` bool: whether any of a token's experts lives on each rank."""
-    owner = expert_owner(topk_idx, num_experts // num_ranks)
+    """``[num_tokens, num_ranks]`` bool: whether any of a token's experts lives on each rank.
+
+    As the real layout kernel: rank ``r`` owns experts ``[r * E // R, (r + 1) * E // R)``; ids outside
+    ``[0, num_ranks * (E // R))`` (out of range, or past the last whole rank) belong to no rank.
+    """
+    experts_per_rank = num_experts // num_ranks
     ranks = torch.arange(num_ranks, device=topk_idx.device)
+    if experts_per_rank == 0:
+        return torch.zeros((topk_idx.shape[0], num_ranks), dtype=torch.bool, device=topk_idx.device)
+    owner = expert_owner(topk_idx, experts_per_rank)
+    owner = torch.where(topk_idx < num_ranks * experts_per_rank, owner, torch.full_like(owner, -1))
     return (owner.unsqueeze(-1) == ranks).any(dim=1)
 
 
 def compute_layout(
     topk_idx: torch.Tensor, num_experts: int, num_ranks: int, ranks_per_node: int
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """The legacy ``get_dispatch_layout`` result.
+    """The legacy ``get_dispatch_layout`` result (csrc/kernels/legacy/layout.cu).
+
+    Per-expert counts count (token, slot) pairs with an id in ``[0, num_experts)``; other ids are ignored.
 
     Returns:
         num_tokens_per_rank ``[num_ranks]`` int32, num_tokens_per_rdma_rank ``[num_nodes]`` int32 or ``None``
@@ -49,7 +59,7 @@ def compute_layout(
     """
     in_rank = token_in_rank(topk_idx, num_experts, num_ranks)
     per_rank = in_rank.sum(dim=0).to(torch.int32)
-    valid = topk_idx[topk_idx >= 0]
+    valid = topk_idx[(topk_idx >= 0) & (topk_idx < num_experts)]
     per_expert = (
         torch.bincount(valid, minlength=num_experts).to(torch.int32)
         if valid.numel()

@@ -11,7 +11,11 @@ from __future__ import annotations
 import math
 import os
 
+from . import _refusals
+
 H200_NUM_SMS = 132
+#: ``sharedMemPerBlockOptin`` of an H100/H200 (227 KiB), what ``get_num_smem_bytes()`` reads.
+H200_SMEM_BYTES = 232448
 H200_NVLINK_GBS = 18 * 26.5625 * 0.9
 DEFAULT_RDMA_GBS = 400 / 8
 ELASTIC_BUFFER_ALIGNMENT = 2 << 20
@@ -35,6 +39,11 @@ def rdma_gbs() -> float:
 def device_num_sms() -> int:
     """SM count stand-in (override with ``DEEP_EP_EMULATION_NUM_SMS``)."""
     return int(os.environ.get("DEEP_EP_EMULATION_NUM_SMS", H200_NUM_SMS))
+
+
+def device_smem_bytes() -> int:
+    """Shared-memory-per-block stand-in (override with ``DEEP_EP_EMULATION_SMEM_BYTES``)."""
+    return int(os.environ.get("DEEP_EP_EMULATION_SMEM_BYTES", H200_SMEM_BYTES))
 
 
 def fast_rdma_atomics() -> bool:
@@ -117,19 +126,112 @@ def theoretical_num_sms(
     return min(result, num_device_sms)
 
 
+#: ``ptx::kNumTMAAlignBytes``, ``sizeof(ptx::mbarrier)``.
+TMA_ALIGN_BYTES = 32
+MBARRIER_BYTES = 8
+#: ``ElasticBuffer::kNumMaxSMs``, ``kNumMaxChannelsPerSM``, ``kNumMaxChannels`` (csrc/elastic/buffer.hpp:57-59).
+NUM_MAX_SMS = 160
+NUM_MAX_CHANNELS_PER_SM = 8
+NUM_MAX_CHANNELS = NUM_MAX_CHANNELS_PER_SM * NUM_MAX_SMS
+#: ``kNumNotifyWarps`` of the dispatch kernel.
+NUM_NOTIFY_WARPS = 4
+
+
+def token_bytes(
+    num_hidden_bytes: int, num_sf_bytes: int, num_topk: int, with_metadata: bool, with_mbarrier: bool, row_id: str
+) -> int:
+    """``layout::TokenLayout(...).get_num_bytes<with_mbarrier>()``; its constructor's TMA check raises ``row_id``."""
+    _refusals.check(num_hidden_bytes % TMA_ALIGN_BYTES == 0, row_id)  # layout.cuh:198
+    num_metadata_bytes = num_topk * 8 + ((1 + num_topk) * 4 if with_metadata else 0)
+    return (
+        align(num_hidden_bytes, TMA_ALIGN_BYTES)
+        + align(num_sf_bytes, TMA_ALIGN_BYTES)
+        + align(num_metadata_bytes, TMA_ALIGN_BYTES)
+        + align(MBARRIER_BYTES if with_mbarrier else 0, TMA_ALIGN_BYTES)
+    )
+
+
+def dispatch_token_bytes(hidden: int, elem_size: int, num_sf_packs: int, num_topk: int, with_mbarrier: bool,
+                         row_id: str) -> int:
+    """``get_dispatch_token_layout`` (csrc/kernels/elastic/dispatch.hpp:136) bytes."""
+    return token_bytes(hidden * elem_size, num_sf_packs * 4, num_topk, True, with_mbarrier, row_id)
+
+
+def combine_token_bytes(hidden: int, num_topk: int, with_mbarrier: bool, row_id: str) -> int:
+    """``get_combine_token_layout`` (csrc/kernels/elastic/combine.hpp:109) bytes (bf16 payload)."""
+    return token_bytes(hidden * 2, 0, num_topk, False, with_mbarrier, row_id)
+
+
+def dispatch_buffer_size(
+    num_max_tokens_per_rank: int, hidden: int, num_sf_packs: int, num_topk: int, elem_size: int,
+    num_scaleout_ranks: int, num_scaleup_ranks: int, is_scaleup_nvlink: bool, row_id: str,
+) -> int:
+    """``ElasticBuffer::get_dispatch_buffer_size`` (csrc/elastic/buffer.hpp:586)."""
+    t = dispatch_token_bytes(hidden, elem_size, num_sf_packs, num_topk, False, row_id)
+    n = num_max_tokens_per_rank
+    if num_scaleout_ranks == 1:
+        return t * (0 if is_scaleup_nvlink else 1) * n + t * num_scaleup_ranks * n
+    return (
+        t * num_scaleup_ranks * num_scaleout_ranks * n
+        + t * 1 * n
+        + t * num_scaleout_ranks * (n + NUM_MAX_CHANNELS)
+    )
+
+
+def combine_buffer_size(
+    num_max_tokens_per_rank: int, hidden: int, num_topk: int, num_scaleout_ranks: int, num_scaleup_ranks: int,
+    is_scaleup_nvlink: bool, allow_multiple_reduction: bool, row_id: str,
+) -> int:
+    """``ElasticBuffer::get_combine_buffer_size`` (csrc/elastic/buffer.hpp:616)."""
+    t = combine_token_bytes(hidden, num_topk, False, row_id)
+    n, num_ranks = num_max_tokens_per_rank, num_scaleout_ranks * num_scaleup_ranks
+    if num_scaleout_ranks == 1:
+        in_layout = min(num_ranks, num_topk) if allow_multiple_reduction else num_topk
+        send = t * (0 if is_scaleup_nvlink else num_ranks) * n * (1 if allow_multiple_reduction else num_topk)
+        return send + t * in_layout * n
+    up = min(num_scaleup_ranks, num_topk) if allow_multiple_reduction else num_topk
+    out = min(num_scaleout_ranks, num_topk) if allow_multiple_reduction else num_topk
+    return (
+        t * up * num_scaleout_ranks * n
+        + t * (1 if allow_multiple_reduction else num_topk) * num_scaleout_ranks * (n + NUM_MAX_CHANNELS)
+        + t * out * n
+    )
+
+
 def buffer_size_hint(
-    num_ranks: int,
-    num_scaleout_ranks: int,
     num_max_tokens_per_rank: int,
     hidden: int,
     num_topk: int,
     use_fp8_dispatch: bool,
+    num_scaleout_ranks: int,
+    num_scaleup_ranks: int,
+    is_scaleup_nvlink: bool,
+    allow_multiple_reduction: bool,
 ) -> int:
-    """Approximate V2 buffer size: a receive slot per (rank, token) (plus send and forward buffers in
-    hybrid mode), 2 MiB aligned.  Matches the one recorded value (4 MiB for 2 ranks, 128 x 7168, top-8)."""
-    token_bytes = hidden * (1 if use_fp8_dispatch else 2) + (hidden // 128 * 4 if use_fp8_dispatch else 0)
-    token_bytes += num_topk * (8 + 4) + 16
-    num_bytes = num_ranks * num_max_tokens_per_rank * token_bytes
-    if num_scaleout_ranks > 1:
-        num_bytes += 2 * num_scaleout_ranks * num_max_tokens_per_rank * token_bytes
-    return align(max(num_bytes, 1), ELASTIC_BUFFER_ALIGNMENT)
+    """``ElasticBuffer::calculate_buffer_size`` (csrc/elastic/buffer.hpp:652): the larger of the dispatch and
+    combine layouts, 2 MiB aligned (4 MiB for the recorded 2 ranks, 128 x 7168, top-8)."""
+    _refusals.check(num_max_tokens_per_rank > 0 and hidden > 0, "v2_init_size_args")
+    _refusals.check(math.ceil(hidden / 32) * 4 <= hidden, "v2_init_hidden_tiny")
+    num_topk = 32 if num_topk == 0 else num_topk
+    elem_size = 1 if use_fp8_dispatch else 2
+    num_sf_packs = math.ceil(hidden / 32) if use_fp8_dispatch else 0
+    dispatch = dispatch_buffer_size(num_max_tokens_per_rank, hidden, num_sf_packs, num_topk, elem_size,
+                                    num_scaleout_ranks, num_scaleup_ranks, is_scaleup_nvlink, "v2_init_hidden_tma")
+    combine = combine_buffer_size(num_max_tokens_per_rank, hidden, num_topk, num_scaleout_ranks, num_scaleup_ranks,
+                                  is_scaleup_nvlink, allow_multiple_reduction, "v2_init_hidden_tma")
+    return align(max(dispatch, combine), ELASTIC_BUFFER_ALIGNMENT)
+
+
+def num_channels_per_sm(
+    num_ranks: int, num_experts: int, hidden: int, elem_size: int, num_sf_packs: int, num_topk: int,
+    prefer_overlap_with_compute: bool,
+) -> int:
+    """Hybrid dispatch channels per SM, decided by shared-memory consumption (csrc/elastic/buffer.hpp:848-863)."""
+    smem = device_smem_bytes()
+    notify = align(num_ranks + num_experts, NUM_NOTIFY_WARPS * 32) * 4
+    d = dispatch_token_bytes(hidden, elem_size, num_sf_packs, num_topk, True, "v2_dispatch_hidden_tma")
+    c = combine_token_bytes(hidden, num_topk, True, "v2_dispatch_hidden_tma")
+    per_sm = min((smem - notify) // d, 32 - NUM_NOTIFY_WARPS)
+    per_sm = min(smem // c, per_sm)
+    per_sm = min(per_sm // 2, NUM_MAX_CHANNELS_PER_SM)
+    return per_sm if prefer_overlap_with_compute else min(per_sm, 4)

@@ -6,19 +6,50 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.distributed as dist
 
-from . import _checks, _comm, _exchange, _route, _sizing
-from ._topology import get_topology
+from . import _checks, _comm, _exchange, _refusals, _route, _sizing
+from ._refusals import check
+from ._topology import Topology, get_topology
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
 XType = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+#: ``layout::WorkspaceLayout`` limits (deep_ep/include/deep_ep/common/layout.cuh:19-21).
+_MAX_RANKS = 1024
+_MAX_EXPERTS = 2048
+_MAX_EXPERTS_PER_RANK = 256
 Bias = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
 
 def _value_or(value: object, default: object) -> object:
     return default if value is None else value
+
+
+def _domains(topo: Topology, allow_hybrid_mode: bool) -> tuple[int, int, bool]:
+    """``(num_scaleout_ranks, num_scaleup_ranks, is_scaleup_nvlink)`` the NCCL context would report."""
+    if allow_hybrid_mode and topo.num_nodes > 1:
+        scaleout, scaleup = topo.num_nodes, topo.ranks_per_node
+    else:
+        scaleout, scaleup = 1, topo.num_ranks
+    return scaleout, scaleup, scaleup == topo.ranks_per_node
+
+
+def _pybind_type_error(function: str, row_id: str) -> TypeError:
+    """pybind11's refusal of an argument it cannot convert (first line exact, the listing the emulation's)."""
+    return TypeError(
+        _refusals.message(row_id)
+        + f"\n    1. (self: deep_ep._C.ElasticBuffer, ...) -> tuple\n\nInvoked with: "
+        f"<deep_ep emulation: the arguments of ElasticBuffer.{function}>"
+    )
+
+
+def _event_arguments_ok(*events: object) -> bool:
+    """pybind11 converts ``previous_event`` arguments only from ``None`` or a ``deep_ep`` ``EventHandle``."""
+    return all(e is None or isinstance(e, EventHandle) for e in events)
 
 
 class EPHandle:
@@ -92,12 +123,14 @@ class ElasticBuffer:
         self.allow_multiple_reduction = allow_multiple_reduction
         self.prefer_overlap_with_compute = prefer_overlap_with_compute
         self.deterministic = deterministic
-        self._topo = get_topology(group)
         if num_cpu_bytes > 0:
-            assert num_bytes is not None
+            check(num_bytes is not None, "v2_init_cpu_bytes_without_num_bytes")
+        self._topo = get_topology(group)  # the emulation's stand-in for the NCCL communicator
+        scaleout, scaleup, is_nvlink = _domains(self._topo, allow_hybrid_mode)
         if num_bytes is None:
-            num_bytes = self._size_hint(
-                self.num_ranks, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode
+            num_bytes = _sizing.buffer_size_hint(
+                num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, scaleout, scaleup, is_nvlink,
+                allow_multiple_reduction,
             )
         self.num_bytes = num_bytes
         self.num_cpu_bytes = num_cpu_bytes
@@ -106,6 +139,14 @@ class ElasticBuffer:
         if num_allocated_qps == 0:
             num_allocated_qps = _sizing.auto_num_allocated_qps(allow_hybrid_mode)
         self.num_allocated_qps = num_allocated_qps
+        alignment = _sizing.ELASTIC_BUFFER_ALIGNMENT
+        if allow_hybrid_mode and num_cpu_bytes > 0:  # create_cpu_handle (buffer.hpp:689)
+            check(num_cpu_bytes > 0 and num_cpu_bytes % alignment == 0, "v2_init_cpu_handle_alignment")
+        # the C++ constructor (csrc/elastic/buffer.hpp:98-127)
+        check(num_bytes > 0 and num_bytes % alignment == 0, "v2_init_num_bytes_alignment")
+        check(num_cpu_bytes >= 0 and num_cpu_bytes % alignment == 0, "v2_init_cpu_bytes_alignment")
+        check(num_cpu_bytes <= num_bytes, "v2_init_cpu_bytes_exceed")
+        check(self.num_ranks <= _MAX_RANKS, "v2_init_too_many_ranks")  # WorkspaceLayout (layout.cuh:38)
         self.num_cpu_timeout_secs = num_cpu_timeout_secs
         self.num_gpu_timeout_secs = num_gpu_timeout_secs
         self.explicitly_destroy = explicitly_destroy
@@ -117,31 +158,19 @@ class ElasticBuffer:
         self.scaleout_rank_idx = self.rank_idx // self.num_scaleup_ranks
         self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
         self.num_rdma_ranks, self.num_nvlink_ranks = self.get_physical_domain_size()
+        self._is_scaleup_nvlink = is_nvlink
         dist.barrier(group=group)
 
     # ----------------------------------------------------------------------------------- lifecycle/info
     def destroy(self) -> None:
-        """Release the buffer (requires ``explicitly_destroy=True``)."""
-        assert self.explicitly_destroy
+        """Release the buffer (requires ``explicitly_destroy=True``; a second call does nothing, as the real one)."""
+        check(self.explicitly_destroy, "v2_destroy_not_explicit")
         self.runtime = None
 
     def _check_alive(self) -> None:
+        """Emulation helper of the non-data calls (``barrier``): a destroyed buffer refuses them."""
         if self.runtime is None:
             raise RuntimeError("deep_ep emulation: the buffer was destroyed")
-
-    @staticmethod
-    def _size_hint(
-        num_ranks: int,
-        num_max_tokens_per_rank: int,
-        hidden: int,
-        num_topk: int,
-        use_fp8_dispatch: bool,
-        allow_hybrid_mode: bool,
-    ) -> int:
-        nodes = get_topology_nodes(num_ranks) if allow_hybrid_mode else 1
-        return _sizing.buffer_size_hint(
-            num_ranks, nodes, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch
-        )
 
     @staticmethod
     def get_buffer_size_hint(
@@ -153,9 +182,11 @@ class ElasticBuffer:
         allow_hybrid_mode: bool = True,
         allow_multiple_reduction: bool = True,
     ) -> int:
-        """Approximate recommended buffer size in bytes (2 MiB aligned)."""
-        return ElasticBuffer._size_hint(
-            group.size(), num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode
+        """Recommended buffer size in bytes (2 MiB aligned): the real ``calculate_buffer_size``."""
+        scaleout, scaleup, is_nvlink = _domains(get_topology(group), allow_hybrid_mode)
+        return _sizing.buffer_size_hint(
+            num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, scaleout, scaleup, is_nvlink,
+            allow_multiple_reduction,
         )
 
     def barrier(
@@ -257,48 +288,48 @@ class ElasticBuffer:
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event_overlap)``.
         """
-        self._check_alive()
+        check(not _checks.deterministic_fill_enabled(), "v2_dispatch_deterministic")
         num_topk = (handle.topk_idx if topk_idx is None else topk_idx).shape[1]
         num_sms = self.get_theoretical_num_sms(num_experts, num_topk) if num_sms == 0 else num_sms
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
-        assert num_qps <= self.num_allocated_qps, "Allocated QPs are not enough"
+        check(num_qps <= self.num_allocated_qps, "v2_dispatch_qps")
         self.last_launch = {"op": "dispatch", "num_sms": num_sms, "num_qps": num_qps}
 
         x, sf = x if isinstance(x, tuple) else (x, None)
-        if handle is not None:
-            assert topk_idx is None
-            assert do_cpu_sync is None or not do_cpu_sync, "Cannot do CPU sync with cached handle"
+        cached = handle is not None
+        if cached:
+            check(topk_idx is None, "v2_dispatch_cached_with_topk")
+            check(do_cpu_sync is None or not do_cpu_sync, "v2_dispatch_cached_cpu_sync")
             topk_idx = handle.topk_idx
             num_max_tokens_per_rank = _value_or(num_max_tokens_per_rank, handle.num_max_tokens_per_rank)
             num_experts = _value_or(num_experts, handle.num_experts)
             expert_alignment = _value_or(expert_alignment, handle.expert_alignment)
             do_cpu_sync = False
-            assert (num_experts, expert_alignment, num_max_tokens_per_rank) == (
-                handle.num_experts,
-                handle.expert_alignment,
-                handle.num_max_tokens_per_rank,
+            check(
+                (num_experts, expert_alignment, num_max_tokens_per_rank)
+                == (handle.num_experts, handle.expert_alignment, handle.num_max_tokens_per_rank),
+                "v2_dispatch_cached_param_mismatch",
             )
             do_expand = handle.do_expand
         num_max_tokens_per_rank = _value_or(num_max_tokens_per_rank, self.num_max_tokens_per_rank)
         expert_alignment = _value_or(expert_alignment, 1)
-
-        if previous_event is not None and not allocate_on_comm_stream:
-            raise RuntimeError(_checks.V2_PREVIOUS_EVENT_ASSERT)
-        if topk_idx.dtype != torch.int64:
-            raise RuntimeError(_checks.V2_TOPK_IDX_ASSERT)
-        _checks.expect_dtype(topk_weights, torch.float32)
-        if num_experts % self.num_ranks != 0:
-            raise RuntimeError("Assertion exception (deep_ep emulation): num_experts % num_ranks == 0")
+        check(self.runtime is not None, "v2_dispatch_after_destroy")
+        # pybind11 argument conversion of ``self.runtime.dispatch(...)``
+        if num_experts is None and "v2_dispatch_num_experts_none_explicit_sms" not in _refusals.SUPPRESSED:
+            raise _pybind_type_error("dispatch", "v2_dispatch_num_experts_none_explicit_sms")
+        if _refusals.violated(_event_arguments_ok(previous_event, previous_event_before_epilogue),
+                              "v2_dispatch_event_type"):
+            raise _pybind_type_error("dispatch", "v2_dispatch_event_type")
+        channels = self._check_dispatch(
+            x, sf, topk_idx, topk_weights, cumulative_local_expert_recv_stats, handle, num_max_tokens_per_rank,
+            num_experts, num_sms, previous_event, allocate_on_comm_stream, do_expand, do_zero_padding,
+        )
         for event in (previous_event, previous_event_before_epilogue):
             if event is not None:
                 event.current_stream_wait()
 
-        error = _checks.expert_range_error(topk_idx, num_experts)
-        if x.shape[0] > num_max_tokens_per_rank:
-            error = (
-                f"deep_ep emulation: {x.shape[0]} tokens exceed num_max_tokens_per_rank="
-                f"{num_max_tokens_per_rank}"
-            )
+        error = channels if isinstance(channels, BaseException) else None
+        error = error or _checks.expert_range_error(topk_idx, num_experts)  # an emulation refusal (see table)
         counts = _comm.preflight(self.group, x.device, x.shape[0], error, "ElasticBuffer.dispatch")
         plan = self._receive(
             x,
@@ -318,6 +349,14 @@ class ElasticBuffer:
                 device=cumulative_local_expert_recv_stats.device,
             )
         if handle is None:
+            forward_metadata = linked_list = None
+            if self.num_scaleout_ranks > 1:  # placeholders of the real shapes (the emulation has no forwarders)
+                per_channel = -(-num_max_tokens_per_rank // channels) if channels else 0
+                rows = self.num_scaleout_ranks * per_channel + 1
+                forward_metadata = torch.full((channels, rows, 2 + 2 * num_topk), -1, dtype=torch.int32,
+                                              device=x.device)
+                linked_list = torch.full((channels, rows, self.num_scaleup_ranks), -1, dtype=torch.int32,
+                                         device=x.device)
             handle = EPHandle(
                 do_expand,
                 num_experts,
@@ -333,16 +372,130 @@ class ElasticBuffer:
                 plan["unaligned"],
                 plan["metadata"],
                 plan["dst_slots"],
-                None,
-                None,
+                forward_metadata,
+                linked_list,
             )
         event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
-        if self.deterministic and async_with_compute_stream:
-            event_overlap.register_hook_after_wait(
-                lambda: None
-            )  # order is already final (see DIVERGENCES.md)
+        if self.deterministic:  # the real deterministic epilogue (the order is already final, see DIVERGENCES.md)
+            epilogue = functools.partial(self._deterministic_epilogue, handle, cached)
+            if async_with_compute_stream:
+                event_overlap.register_hook_after_wait(epilogue)
+            else:
+                epilogue()
         recv_x = (plan["recv_x"], plan["recv_sf"]) if sf is not None else plan["recv_x"]
         return recv_x, plan["recv_topk_idx"], plan["recv_topk_weights"], handle, event_overlap
+
+    @staticmethod
+    def _deterministic_epilogue(handle: EPHandle, cached: bool) -> None:
+        """``EPHandle.deterministic_sort``'s bookkeeping: a cached dispatch needs the metadata its non-cached
+        dispatch saved (deep_ep/buffers/elastic.py:122-124)."""
+        if not cached:
+            handle.cached_recv_src_metadata_before_sort = handle.recv_src_metadata.clone()
+        check(handle.cached_recv_src_metadata_before_sort is not None, "v2_dispatch_deterministic_sort_without_cache")
+
+    def _check_dispatch(
+        self,
+        x: torch.Tensor,
+        sf: torch.Tensor | None,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        stats: torch.Tensor | None,
+        handle: EPHandle | None,
+        num_max_tokens_per_rank: int,
+        num_experts: int,
+        num_sms: int,
+        previous_event: EventHandle | None,
+        allocate_on_comm_stream: bool,
+        do_expand: bool,
+        do_zero_padding: bool,
+    ) -> int | BaseException:
+        """The refusals of ``ElasticBuffer::dispatch`` (csrc/elastic/buffer.hpp:728-979) and its launcher, in
+        the library's order.
+
+        Returns the hybrid channel count (1 in direct mode), or, when this rank has more tokens than
+        ``num_max_tokens_per_rank`` (buffer.hpp:756, a rank-local fact), that refusal unraised: the caller
+        raises it after the verdict-only preflight so that the peers raise ``PeerRefused`` instead of hanging.
+        """
+        hybrid = self.num_scaleout_ranks > 1
+        cached = handle is not None
+        check(num_sms > 0, "v2_dispatch_num_sms_positive")
+        check(not do_zero_padding or do_expand, "v2_dispatch_zero_padding_without_expand")
+        if cached and hybrid:
+            check(handle.token_metadata_at_forward is not None, "v2_dispatch_cached_hybrid_field_745")
+            check(handle.channel_linked_list is not None, "v2_dispatch_cached_hybrid_field_746")
+        check(x.dim() == 2, "v2_dispatch_x_dim")  # get_shape<2>(x)
+        num_tokens, hidden = x.shape
+        num_local_experts = num_experts // self.num_ranks
+        check(x.is_contiguous(), "v2_dispatch_x_cuda_contiguous")
+        check((hidden * x.element_size()) % 16 == 0, "v2_dispatch_hidden_bytes")
+        if _refusals.violated(num_tokens <= num_max_tokens_per_rank, "v2_dispatch_too_many_tokens"):
+            return _refusals.error("v2_dispatch_too_many_tokens")
+        num_sf_packs = 0
+        if sf is not None:
+            check(sf.dim() == 2, "v2_dispatch_sf_dim")
+            check(sf.shape[0] == num_tokens, "v2_dispatch_sf_rows")
+            check(sf.is_cuda or not x.is_cuda, "v2_dispatch_sf_cuda")
+            check(sf.element_size() == 4, "v2_dispatch_sf_elem_size")
+            num_sf_packs = sf.shape[1]
+        check(topk_idx.dim() == 2, "v2_dispatch_topk_dim")
+        num_topk = topk_idx.shape[1]
+        check(topk_idx.shape[0] == num_tokens, "v2_dispatch_topk_rows")
+        check(topk_idx.dtype == torch.int64, "v2_dispatch_topk_dtype")
+        check(topk_idx.is_contiguous(), "v2_dispatch_topk_cuda_contiguous")
+        if topk_weights is not None:
+            check(topk_weights.dim() == 2, "v2_dispatch_weights_dim")
+            check(topk_weights.shape[0] == num_tokens, "v2_dispatch_weights_rows")
+            check(topk_weights.is_contiguous(), "v2_dispatch_weights_cuda_contiguous")
+            _checks.expect_dtype(topk_weights, torch.float32, "v2_dispatch_weights_dtype")
+        if stats is not None:
+            check(stats.dim() == 1, "v2_dispatch_stats_dim")
+            check(stats.is_contiguous(), "v2_dispatch_stats_cuda_contiguous")
+            check(stats.shape[0] == num_local_experts, "v2_dispatch_stats_len")
+            _checks.expect_dtype(stats, torch.int32, "v2_dispatch_stats_dtype")
+        if previous_event is not None:  # stream_control_prologue (buffer.hpp:539-540)
+            check(allocate_on_comm_stream, "v2_dispatch_previous_event_without_comm_alloc")
+        check(num_experts % self.num_ranks == 0, "v2_dispatch_experts_not_divisible_explicit")
+        if cached:
+            check(handle.psum_num_recv_tokens_per_expert.shape[0] == num_local_experts, "v2_dispatch_cached_handle_809")
+            check(
+                handle.num_unaligned_recv_tokens_per_expert.shape[0] == num_local_experts,
+                "v2_dispatch_cached_handle_824",
+            )
+            check(
+                handle.psum_num_recv_tokens_per_scaleup_rank.shape[0] == self.num_scaleup_ranks,
+                "v2_dispatch_cached_handle_838",
+            )
+        channels = 1
+        if hybrid:
+            check(num_sms <= _sizing.NUM_MAX_SMS, "v2_dispatch_hybrid_sms")
+            channels = num_sms * _sizing.num_channels_per_sm(
+                self.num_ranks, num_experts, hidden, x.element_size(), num_sf_packs, num_topk,
+                self.prefer_overlap_with_compute,
+            )
+            if cached:
+                per_channel = -(-num_max_tokens_per_rank // channels) if channels else 0
+                check(
+                    tuple(handle.token_metadata_at_forward.shape)
+                    == (channels, self.num_scaleout_ranks * per_channel + 1, 2 + 2 * num_topk),
+                    "v2_dispatch_cached_hybrid_channels",
+                )
+        elif cached:  # a hybrid handle has a 4-D dst_buffer_slot_idx (get_shape<2> at buffer.hpp:873)
+            check(handle.token_metadata_at_forward is None, "v2_dispatch_cached_dst_slot_dim")
+        check(
+            _sizing.dispatch_buffer_size(
+                num_max_tokens_per_rank, hidden, num_sf_packs, num_topk, x.element_size(), self.num_scaleout_ranks,
+                self.num_scaleup_ranks, self._is_scaleup_nvlink, "v2_dispatch_hidden_tma",
+            )
+            <= self.num_bytes,
+            "v2_dispatch_buffer_size",
+        )
+        check(num_experts <= _MAX_EXPERTS, "v2_dispatch_too_many_experts")  # WorkspaceLayout (layout.cuh:39-40)
+        check(num_local_experts <= _MAX_EXPERTS_PER_RANK, "v2_dispatch_too_many_local_experts")
+        check(num_sms <= _sizing.device_num_sms(), "v2_dispatch_num_sms_device")
+        if cached:  # launch_dispatch (csrc/kernels/elastic/dispatch.hpp:167-168)
+            check(stats is None, "v2_dispatch_cached_stats")
+        check(num_topk <= 32, "v2_dispatch_topk_too_large")  # the JIT build's EP_STATIC_ASSERT(kNumTopk <= 32)
+        return channels
 
     def _receive(
         self,
@@ -450,22 +603,26 @@ class ElasticBuffer:
 
         Returns ``(combined_x, combined_topk_weights, event_overlap)``.
         """
-        self._check_alive()
+        check(not _checks.deterministic_fill_enabled(), "v2_combine_deterministic")
         num_sms = handle.num_sms if num_sms == 0 else num_sms
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
-        assert num_qps <= self.num_allocated_qps, "Allocated QPs are not enough"
+        check(num_qps <= self.num_allocated_qps, "v2_combine_qps")
         self.last_launch = {"op": "combine", "num_sms": num_sms, "num_qps": num_qps}
         biases: list[torch.Tensor] = []
         if isinstance(bias, torch.Tensor):
             biases = [bias]
         elif isinstance(bias, tuple):
-            assert len(bias) == 2
+            check(len(bias) == 2, "v2_combine_bias_tuple")
             biases = [b for b in bias if b is not None]
-        if previous_event is not None and not allocate_on_comm_stream:
-            raise RuntimeError(_checks.V2_PREVIOUS_EVENT_ASSERT)
-        if not _checks.v2_hidden_supported(x.shape[1], x.element_size()):
-            raise RuntimeError(_checks.V2_JIT_FAILURE.format(hidden=x.shape[1]))
-        _checks.expect_dtype(topk_weights, torch.float32)
+        check(self.runtime is not None, "v2_combine_after_destroy")
+        handle_fields = (handle.recv_src_metadata, handle.topk_idx, handle.psum_num_recv_tokens_per_scaleup_rank,
+                         handle.token_metadata_at_forward, handle.channel_linked_list, handle.num_experts,
+                         handle.num_max_tokens_per_rank, handle.do_expand)  # what the wrapper passes on
+        del handle_fields
+        if _refusals.violated(_event_arguments_ok(previous_event, previous_event_before_epilogue),
+                              "v2_combine_event_type"):
+            raise _pybind_type_error("combine", "v2_combine_event_type")
+        self._check_combine(x, handle, topk_weights, biases, num_sms, previous_event, allocate_on_comm_stream)
         for event in (previous_event, previous_event_before_epilogue):
             if event is not None:
                 event.current_stream_wait()
@@ -488,7 +645,7 @@ class ElasticBuffer:
                 send_w[torch.arange(rows.numel(), device=x.device), k] = topk_weights[rows]
         else:
             n = meta.shape[0]
-            send_x, send_g = x[:n], gidx
+            send_x, send_g = x, gidx
             send_slot = torch.full((n,), -1, dtype=torch.int64, device=x.device)
             send_w = None if topk_weights is None else topk_weights[:n]
         parts = _exchange.return_to_sources(
@@ -527,11 +684,59 @@ class ElasticBuffer:
         event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
         return combined_x, combined_w, event_overlap
 
-
-def get_topology_nodes(num_ranks: int) -> int:
-    """Number of nodes implied by ``LOCAL_WORLD_SIZE`` for a group of ``num_ranks``."""
-    import os
-
-    rpn = int(os.environ.get("LOCAL_WORLD_SIZE", num_ranks) or num_ranks)
-    rpn = max(1, min(rpn, num_ranks))
-    return max(num_ranks // rpn, 1)
+    def _check_combine(
+        self,
+        x: torch.Tensor,
+        handle: EPHandle,
+        topk_weights: torch.Tensor | None,
+        biases: list[torch.Tensor],
+        num_sms: int,
+        previous_event: EventHandle | None,
+        allocate_on_comm_stream: bool,
+    ) -> None:
+        """The refusals of ``ElasticBuffer::combine`` (csrc/elastic/buffer.hpp:1198-1280), its launcher
+        (csrc/kernels/elastic/combine.hpp:140-146) and JIT build, in the library's order."""
+        check(num_sms > 0, "v2_combine_num_sms_positive")
+        check(x.dim() == 2, "v2_combine_x_dim")  # get_shape<2>(x)
+        num_tokens, hidden = x.shape
+        check(x.is_contiguous(), "v2_combine_x_cuda_contiguous")
+        check(x.dtype == torch.bfloat16, "v2_combine_x_dtype")
+        check((hidden * x.element_size()) % 16 == 0, "v2_combine_hidden_bytes")
+        num_combined_tokens, num_topk = handle.topk_idx.shape
+        check(
+            handle.psum_num_recv_tokens_per_scaleup_rank.shape[0] == self.num_scaleup_ranks, "v2_combine_handle_scaleup"
+        )
+        check(handle.do_expand or handle.recv_src_metadata.shape[0] == num_tokens, "v2_combine_x_rows")
+        if topk_weights is not None:
+            if handle.do_expand:
+                check(topk_weights.dim() == 1, "v2_combine_expand_weights_dim")
+                check(topk_weights.shape[0] == num_tokens, "v2_combine_expand_weights_rows")
+            else:
+                check(topk_weights.dim() == 2, "v2_combine_weights_dim")
+                check(tuple(topk_weights.shape) == (num_tokens, num_topk), "v2_combine_weights_shape")
+            check(topk_weights.is_contiguous(), "v2_combine_weights_cuda_contiguous")
+            check(topk_weights.dtype == torch.float32, "v2_combine_weights_dtype")
+        for b in biases:
+            check(b.dim() == 2 and b.is_contiguous(), "v2_combine_bias_dim")
+            check(b.dtype == x.dtype, "v2_combine_bias_dtype")
+            check(tuple(b.shape) == (num_combined_tokens, hidden), "v2_combine_bias_shape")
+        if previous_event is not None:  # stream_control_prologue (buffer.hpp:539-540)
+            check(allocate_on_comm_stream, "v2_combine_previous_event_without_comm_alloc")
+        check(
+            _sizing.combine_buffer_size(
+                handle.num_max_tokens_per_rank, hidden, num_topk, self.num_scaleout_ranks, self.num_scaleup_ranks,
+                self._is_scaleup_nvlink, self.allow_multiple_reduction, "v2_combine_hidden_tma",
+            )
+            <= self.num_bytes,
+            "v2_combine_buffer_size",
+        )
+        if self.num_scaleout_ranks > 1:
+            # std::optional::value() of a direct-mode handle
+            check(handle.token_metadata_at_forward is not None, "v2_combine_hybrid_handle_without_metadata")
+            channels = handle.token_metadata_at_forward.shape[0]
+            check(channels % num_sms == 0, "v2_combine_hybrid_channels")
+            check(channels // num_sms <= 16, "v2_combine_hybrid_channels_per_sm")
+            num_warps = 2 * (channels // num_sms)
+            token = _sizing.combine_token_bytes(hidden, num_topk, True, "v2_combine_hidden_tma")
+            check(num_warps * token <= _sizing.device_smem_bytes(), "v2_combine_hybrid_smem")
+        check(hidden % 256 == 0, "v2_combine_hidden_jit")  # JIT: EP_STATIC_ASSERT(kHidden % 256 == 0, "Invalid hidden")

@@ -9,10 +9,22 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from . import _checks, _comm, _exchange, _route
+from . import _checks, _comm, _exchange, _route, _sizing
+from ._checks import INT_MAX
+from ._refusals import check, refuse
 from ._topology import get_topology
-from .config import Config
+from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
 from .utils.event import EventHandle, EventOverlap, async_outputs
+
+#: ``LEGACY_NUM_MAX_RDMA_PEERS``, ``LEGACY_NUM_MAX_LOCAL_EXPERTS``, ``LEGACY_NUM_BUFFER_ALIGNMENT_BYTES``.
+NUM_MAX_RDMA_PEERS = 20
+NUM_MAX_LOCAL_EXPERTS = 1024
+BUFFER_ALIGNMENT_BYTES = 128
+#: Ranks the ``SWITCH_RANKS`` / ``SWITCH_RDMA_RANKS`` kernel dispatchers instantiate.
+SUPPORTED_NVL_RANKS = (2, 4, 8)
+SUPPORTED_RDMA_RANKS = (2, 3, 4, 6, 8, 12, 16, 18, 20)
+#: ``kNumCombineForwarderWarps`` of the internode combine kernel.
+NUM_COMBINE_FORWARDER_WARPS = 24
 
 Bias = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
@@ -54,9 +66,75 @@ def _unpack_bias(bias: Bias) -> list[torch.Tensor]:
     if isinstance(bias, torch.Tensor):
         return [bias]
     if isinstance(bias, tuple):
-        assert len(bias) == 2
+        check(len(bias) == 2, "v1_combine_bias_tuple")
         return [b for b in bias if b is not None]
     return []
+
+
+def _launch_error(num_sms: int, row_zero: str, row_too_many: str) -> None:
+    """The cooperative kernel launch of ``num_sms`` blocks: CUDA refuses 0 blocks and more than one per SM."""
+    check(num_sms != 0, row_zero)
+    check(num_sms <= _sizing.device_num_sms(), row_too_many)
+
+
+def _bytes_per_token(hidden_int4: int, num_scales: int, num_topk_idx: int, num_topk_weights: int) -> int:
+    """``internode::get_num_bytes_per_token``."""
+    raw = hidden_int4 * 16 + SOURCE_META_BYTES + num_scales * 4 + num_topk_idx * 4 + num_topk_weights * 4
+    return _route.align_up(raw, 16)
+
+
+def _rdma_clean_meta(
+    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int,
+    channels: int,
+) -> tuple[int, int]:
+    """``internode::get_rdma_clean_meta`` (int offset, int count)."""
+    per_token = _bytes_per_token(hidden_int4, num_scales, topk_idx, topk_weights)
+    return (
+        per_token * recv_tokens * rdma_ranks * 2 * channels // 4,
+        (NUM_MAX_NVL_PEERS * 2 + 4) * rdma_ranks * 2 * channels,
+    )
+
+
+def _nvl_clean_meta(
+    hidden_int4: int, num_scales: int, topk_idx: int, topk_weights: int, rdma_ranks: int, recv_tokens: int,
+    channels: int,
+) -> tuple[int, int]:
+    """``internode::get_nvl_clean_meta`` (int offset, int count) with ``NUM_MAX_NVL_PEERS`` NVLink ranks."""
+    per_token = _bytes_per_token(hidden_int4, num_scales, topk_idx, topk_weights)
+    return (
+        recv_tokens * per_token * NUM_MAX_NVL_PEERS * channels // 4,
+        NUM_MAX_NVL_PEERS * (2 * rdma_ranks + 2) * channels,
+    )
+
+
+def v1_dispatch_nvl_bytes(
+    num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int, num_scales: int
+) -> int:
+    """NVLink bytes an intranode dispatch needs (csrc/legacy/buffer.hpp:627-637)."""
+    queue = num_channels * num_ranks * config.num_max_nvl_chunked_recv_tokens
+    return (
+        num_ranks * num_ranks * 4  # size prefix matrix
+        + num_channels * num_ranks * 4  # channel start offset
+        + num_channels * num_ranks * 4  # channel end offset
+        + num_channels * num_ranks * 4 * 2  # queue head and tail
+        + queue * hidden * elem_size  # data
+        + queue * 4  # source index
+        + queue * num_topk * 8  # top-k index
+        + queue * num_topk * 4  # top-k weights
+        + queue * 4 * num_scales  # FP8 scales
+    )
+
+
+def v1_combine_nvl_bytes(
+    num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int
+) -> int:
+    """NVLink bytes an intranode combine needs (csrc/legacy/buffer.hpp:807-811)."""
+    queue = num_channels * num_ranks * config.num_max_nvl_chunked_recv_tokens
+    return num_channels * num_ranks * 4 * 2 + queue * hidden * elem_size + queue * 4 + queue * num_topk * 4
+
+
+def _contiguous_nd(t: torch.Tensor, dims: int) -> bool:
+    return t.dim() == dims and t.is_contiguous()
 
 
 def _wait_previous(previous_event: EventOverlap | None) -> None:
@@ -68,8 +146,9 @@ def _wait_previous(previous_event: EventOverlap | None) -> None:
 class Buffer:
     """Pure-PyTorch model of ``deep_ep.Buffer`` running over any ``torch.distributed`` process group.
 
-    Arguments mirror the real constructor; buffer sizes are recorded but not needed.  Low-latency kernels
-    are not emulated.
+    Arguments mirror the real constructor.  Buffer sizes are checked like the real library does (the real
+    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  Low-latency kernels are not
+    emulated.  Every refusal shared with the library is raised from the refusal table (``refusals.toml``).
     """
 
     num_sms: int = 20
@@ -90,10 +169,35 @@ class Buffer:
         if group is None:
             if comm is not None:
                 raise NotImplementedError("deep_ep emulation: mpi4py communicators are not supported")
-            raise ValueError("Either 'group' or 'comm' must be provided.")
+            refuse("v1_init_no_group_no_comm")
         self.rank = group.rank()
         self.group = group
         self.group_size = group.size()
+        # The C++ constructor (csrc/legacy/buffer.hpp:107-116), before any communication
+        check(
+            num_nvl_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (num_nvl_bytes <= INT_MAX or num_rdma_bytes == 0),
+            "v1_init_nvl_bytes_alignment",
+        )
+        check(
+            num_rdma_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (low_latency_mode or num_rdma_bytes <= INT_MAX),
+            "v1_init_rdma_bytes_alignment",
+        )
+        check((num_nvl_bytes % 2**64) // 16 < INT_MAX, "v1_init_nvl_bytes_too_large")  # size_t arithmetic
+        check((num_rdma_bytes % 2**64) // 16 < INT_MAX, "v1_init_rdma_bytes_too_large")
+        check(
+            0 <= self.rank < self.group_size
+            and (self.group_size <= NUM_MAX_NVL_PEERS * NUM_MAX_RDMA_PEERS or low_latency_mode),
+            "v1_init_too_many_ranks",
+        )
+        check(
+            self.group_size < NUM_MAX_NVL_PEERS or self.group_size % NUM_MAX_NVL_PEERS == 0,
+            "v1_init_ranks_not_multiple_of_8",
+        )
+        self._topo = get_topology(group)
+        if num_rdma_bytes > 0:  # the library: more than 8 ranks; the emulation: more than one node
+            check(self._topo.num_nodes > 1 or low_latency_mode, "v1_init_rdma_bytes_single_node")
+        if self._topo.num_nodes > 1 or low_latency_mode:  # after the device-id / IPC-handle all-gathers
+            check(num_qps_per_rank > 0, "v1_init_qps_per_rank")
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -102,18 +206,39 @@ class Buffer:
         self.allow_mnnvl = allow_mnnvl
         self.explicitly_destroy = explicitly_destroy
         self.enable_shrink = enable_shrink
-        self._topo = get_topology(group)
         self.runtime: object | None = object()
+
+    @property
+    def _internode(self) -> bool:
+        """Whether dispatch/combine take the internode path (the library: ``get_num_rdma_ranks() > 1``)."""
+        return self._topo.num_nodes > 1
+
+    @property
+    def _config_ranks(self) -> int:
+        """The group size the default configs are looked up for.
+
+        The library's internode path only exists from 16 ranks on (nodes of 8 GPUs); the emulation models
+        ``N`` emulated nodes as ``8 * N`` real ranks there, so its default configs are the multi-node ones
+        (intranode: the group size, as the library).
+        """
+        return self._topo.num_nodes * NUM_MAX_NVL_PEERS if self._internode else self.group_size
 
     # ----------------------------------------------------------------------------------------- lifecycle
     def destroy(self) -> None:
-        """Release the buffer (requires ``explicitly_destroy=True``)."""
-        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
+        """Release the buffer (requires ``explicitly_destroy=True``).
+
+        Like the library: a second call raises ``AttributeError`` (the runtime is gone), and a group whose
+        NVLink rank count has no barrier kernel (not 2, 4 or 8) refuses when ``num_nvl_bytes > 0``.
+        """
+        check(self.explicitly_destroy, "v1_destroy_not_explicit")
+        check(self.runtime is not None, "v1_destroy_twice")
+        if self.num_nvl_bytes > 0:
+            check(self._topo.ranks_per_node in SUPPORTED_NVL_RANKS, "v1_destroy_unsupported_ranks")
         self.runtime = None
 
-    def _check_alive(self) -> None:
-        if self.runtime is None:
-            raise RuntimeError("deep_ep emulation: the buffer was destroyed")
+    def _check_alive(self, row_id: str) -> None:
+        """A destroyed buffer's runtime is ``None``: the library fails with ``AttributeError`` on it."""
+        check(self.runtime is not None, row_id)
 
     @staticmethod
     def is_sm90_compiled() -> bool:
@@ -123,7 +248,7 @@ class Buffer:
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
         """Set the SM count used by the default configs (must be even)."""
-        assert new_num_sms % 2 == 0, "The SM count must be even"
+        check(new_num_sms % 2 == 0, "v1_set_num_sms_odd")
         Buffer.num_sms = new_num_sms
 
     @staticmethod
@@ -152,15 +277,17 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        """The real library's recommended dispatch config for ``num_ranks``."""
-        assert num_ranks in _DISPATCH_CONFIGS, f"Unsupported number of EP ranks: {num_ranks}"
-        return Config(Buffer.num_sms, *_DISPATCH_CONFIGS[num_ranks])
+        """The real library's recommended dispatch config for ``num_ranks`` (every entry built, as the real map)."""
+        config_map = {n: Config(Buffer.num_sms, *values) for n, values in _DISPATCH_CONFIGS.items()}
+        check(num_ranks in config_map, "v1_dispatch_config_unsupported_ranks", num_ranks=num_ranks)
+        return config_map[num_ranks]
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
         """The real library's recommended combine config for ``num_ranks``."""
-        assert num_ranks in _COMBINE_CONFIGS, f"Unsupported number of EP ranks: {num_ranks}"
-        return Config(Buffer.num_sms, *_COMBINE_CONFIGS[num_ranks])
+        config_map = {n: Config(Buffer.num_sms, *values) for n, values in _COMBINE_CONFIGS.items()}
+        check(num_ranks in config_map, "v1_combine_config_unsupported_ranks", num_ranks=num_ranks)
+        return config_map[num_ranks]
 
     # ------------------------------------------------------------------------------------------ layout
     def get_dispatch_layout(
@@ -173,19 +300,18 @@ class Buffer:
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor, EventOverlap]:
         """Per-rank / per-RDMA-rank / per-expert token counts and ``is_token_in_rank`` (see real docs).
 
-        Unlike the real (communication-free) kernel, the emulation runs a tiny preflight collective so an
-        invalid ``topk_idx`` on one rank raises on every rank instead of leaving peers hanging later.
+        Communication-free, like the real kernel.  Expert ids outside ``[0, num_experts)`` (and, when
+        ``num_experts`` is not a multiple of the group size, ids past the last whole rank) count nowhere,
+        as in the real kernel.
         """
-        self._check_alive()
-        _checks.expect_dtype(topk_idx, torch.int64)
+        self._check_alive("v1_layout_after_destroy")
+        check(topk_idx.dim() == 2, "v1_layout_topk_dim")
+        check(topk_idx.is_contiguous(), "v1_layout_topk_contiguous")
+        check(num_experts > 0, "v1_layout_num_experts_positive")
+        if allocate_on_comm_stream:
+            check(_checks.has_event(previous_event) and async_finish, "v1_layout_alloc_on_comm_stream")
         _wait_previous(previous_event)
-        error = None
-        if num_experts % self.group_size != 0:
-            error = (
-                f"deep_ep emulation: num_experts={num_experts} is not divisible by {self.group_size} ranks"
-            )
-        error = error or _checks.expert_range_error(topk_idx, num_experts)
-        _comm.preflight(self.group, topk_idx.device, topk_idx.shape[0], error, "Buffer.get_dispatch_layout")
+        _checks.expect_dtype(topk_idx, torch.int64, "v1_layout_topk_dtype")
         per_rank, per_rdma, per_expert, in_rank = _route.compute_layout(
             topk_idx, num_experts, self.group_size, self._topo.ranks_per_node
         )
@@ -222,10 +348,11 @@ class Buffer:
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
         event)``.
         """
-        self._check_alive()
-        config = self.get_dispatch_config(self.group_size) if config is None else config
-        if self._topo.num_nodes > 1:
-            assert num_worst_tokens == 0, "Internode dispatch does not support `num_worst_tokens > 0`"
+        check(not _checks.deterministic_fill_enabled(), "v1_dispatch_deterministic")
+        config = self.get_dispatch_config(self._config_ranks) if config is None else config
+        self._check_alive("v1_dispatch_after_destroy")
+        if self._internode:
+            check(num_worst_tokens == 0, "v1_internode_worst_tokens")
             return self.internode_dispatch(
                 x,
                 handle,
@@ -243,9 +370,13 @@ class Buffer:
             )
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if handle is not None:
-            assert topk_idx is None and topk_weights is None
+            check(topk_idx is None and topk_weights is None, "v1_dispatch_cached_with_topk")
             rank_prefix_matrix, channel_prefix_matrix, recv_cpm, recv_src_idx, is_token_in_rank, send_head = (
                 handle
+            )
+            self._check_intranode_dispatch(
+                x, x_scales, None, None, None, is_token_in_rank, None, rank_prefix_matrix, channel_prefix_matrix,
+                num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream,
             )
             _wait_previous(previous_event)
             recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
@@ -254,6 +385,14 @@ class Buffer:
             event = EventOverlap(_event(x.device, async_finish))
             return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
+        check(
+            num_tokens_per_rank is not None and is_token_in_rank is not None and num_tokens_per_expert is not None,
+            "v1_dispatch_missing_layout",
+        )
+        self._check_intranode_dispatch(
+            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+            None, None, num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream,
+        )
         recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
             x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
             previous_event,
@@ -264,7 +403,7 @@ class Buffer:
             else [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
         )
 
-        handle = self._intranode_handle(recv, config, is_token_in_rank)
+        handle = self._intranode_handle(recv, config, is_token_in_rank, num_worst_tokens)
         recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
         recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
         recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
@@ -278,6 +417,102 @@ class Buffer:
             handle,
             event,
         )
+
+    def _check_intranode_dispatch(
+        self,
+        x: torch.Tensor,
+        x_scales: torch.Tensor | None,
+        topk_idx: torch.Tensor | None,
+        topk_weights: torch.Tensor | None,
+        num_tokens_per_rank: torch.Tensor | None,
+        is_token_in_rank: torch.Tensor,
+        num_tokens_per_expert: torch.Tensor | None,
+        cached_rank_prefix_matrix: torch.Tensor | None,
+        cached_channel_prefix_matrix: torch.Tensor | None,
+        num_worst_tokens: int,
+        config: Config,
+        previous_event: EventOverlap | None,
+        async_finish: bool,
+        allocate_on_comm_stream: bool,
+    ) -> None:
+        """The refusals of ``Buffer::intranode_dispatch`` (csrc/legacy/buffer.hpp:436-627) and its kernel
+        launchers (csrc/kernels/legacy/intranode.cu), in the library's order."""
+        cached = cached_rank_prefix_matrix is not None
+        num_ranks = self.group_size
+        check(config.num_sms % 2 == 0, "v1_dispatch_config_odd_sms")
+        num_channels = config.num_sms // 2
+        check(is_token_in_rank.dtype == torch.bool, "v1_dispatch_is_token_in_rank_dtype")
+        if cached:
+            check(cached_rank_prefix_matrix.dtype == torch.int32, "v1_dispatch_cached_rank_prefix_dtype")
+            check(cached_channel_prefix_matrix.dtype == torch.int32, "v1_dispatch_cached_channel_prefix_dtype")
+        else:
+            check(num_tokens_per_expert.dtype == torch.int32, "v1_dispatch_tokens_per_expert_dtype")
+            check(num_tokens_per_rank.dtype == torch.int32, "v1_dispatch_tokens_per_rank_dtype")
+        check(_contiguous_nd(x, 2), "v1_dispatch_x_dim_contiguous")
+        check((x.shape[1] * x.element_size()) % 16 == 0, "v1_dispatch_hidden_bytes")
+        check(_contiguous_nd(is_token_in_rank, 2), "v1_dispatch_is_token_in_rank_dim_contiguous")
+        check(
+            is_token_in_rank.shape[0] == x.shape[0] and is_token_in_rank.shape[1] == num_ranks,
+            "v1_dispatch_is_token_in_rank_shape",
+        )
+        if cached:
+            check(_contiguous_nd(cached_rank_prefix_matrix, 2), "v1_dispatch_cached_rank_prefix_shape")
+            check(
+                tuple(cached_rank_prefix_matrix.shape) == (num_ranks, num_ranks), "v1_dispatch_cached_rank_prefix_size"
+            )
+            check(_contiguous_nd(cached_channel_prefix_matrix, 2), "v1_dispatch_cached_channel_prefix_shape")
+            check(
+                tuple(cached_channel_prefix_matrix.shape) == (num_ranks, num_channels),
+                "v1_dispatch_cached_channel_count",
+            )
+        else:
+            check(_contiguous_nd(num_tokens_per_expert, 1), "v1_dispatch_tokens_per_expert_dim")
+            check(num_tokens_per_expert.shape[0] % num_ranks == 0, "v1_dispatch_experts_not_divisible")
+            check(
+                num_tokens_per_expert.shape[0] // num_ranks <= NUM_MAX_LOCAL_EXPERTS,
+                "v1_dispatch_too_many_local_experts_1024",
+            )
+            check(_contiguous_nd(num_tokens_per_rank, 1), "v1_dispatch_tokens_per_rank_dim")
+            check(num_tokens_per_rank.shape[0] == num_ranks, "v1_dispatch_tokens_per_rank_size")
+        num_tokens, hidden = x.shape
+        num_experts = 0 if cached else num_tokens_per_expert.shape[0]
+        num_local_experts = num_experts // num_ranks
+        check((topk_idx is None) == (topk_weights is None), "v1_dispatch_topk_pairing")
+        num_topk = 0
+        if topk_idx is not None:
+            num_topk = _checks.size(topk_idx, 1, "v1_dispatch_topk_1d")
+            check(num_experts > 0, "v1_dispatch_num_experts_positive")
+            check(_contiguous_nd(topk_idx, 2), "v1_dispatch_topk_dim_contiguous")
+            check(_contiguous_nd(topk_weights, 2), "v1_dispatch_weights_dim_contiguous")
+            check(num_tokens == topk_idx.shape[0] and num_tokens == topk_weights.shape[0], "v1_dispatch_topk_rows")
+            check(num_topk == topk_weights.shape[1], "v1_dispatch_weights_cols")
+            check(topk_weights.dtype == torch.float32, "v1_dispatch_weights_dtype")
+            _checks.expect_dtype(topk_idx, torch.int64, "v1_dispatch_topk_dtype")
+        num_scales = scale_hidden_stride = 0
+        if x_scales is not None:
+            check(x.element_size() == 1, "v1_dispatch_fp8_x_elem_size")
+            check(x_scales.dtype in (torch.float32, torch.int32), "v1_dispatch_fp8_scales_dtype")
+            check(x_scales.dim() == 2, "v1_dispatch_fp8_scales_dim")
+            check(x_scales.shape[0] == num_tokens, "v1_dispatch_fp8_scales_rows")
+            num_scales, scale_hidden_stride = x_scales.shape[1], x_scales.stride(1)
+        if allocate_on_comm_stream:
+            check(_checks.has_event(previous_event) and async_finish, "v1_dispatch_alloc_on_comm_stream")
+        if not cached:
+            check(
+                num_ranks * (num_ranks + num_local_experts) * 4 <= self.num_nvl_bytes, "v1_dispatch_nvl_bytes_notify"
+            )
+            # notify_dispatch (csrc/kernels/legacy/intranode.cu:166-171)
+            check(num_local_experts <= 128 and num_ranks <= 128, "v1_dispatch_too_many_local_experts_128")
+            check(num_ranks in SUPPORTED_NVL_RANKS, "v1_dispatch_unsupported_ranks")
+            if num_worst_tokens > 0:
+                check(topk_idx is not None, "v1_dispatch_worst_tokens_needs_topk")
+        check(
+            v1_dispatch_nvl_bytes(num_ranks, num_channels, config, hidden, x.element_size(), num_topk, num_scales)
+            <= self.num_nvl_bytes,
+            "v1_dispatch_nvl_bytes_data",
+        )
+        check(num_scales * scale_hidden_stride < INT_MAX, "v1_dispatch_scale_stride")
+        _launch_error(config.num_sms, "v1_dispatch_zero_sms_launch", "v1_dispatch_too_many_sms_launch")
 
     def _receive(
         self,
@@ -295,13 +530,6 @@ class Buffer:
         Returns the exchange result, ``recv_topk_idx`` (local or -1), ``recv_topk_weights`` (zeroed at -1
         slots, as the real V1 does) and the raw per-local-expert counts.
         """
-        assert (
-            num_tokens_per_rank is not None
-            and is_token_in_rank is not None
-            and num_tokens_per_expert is not None
-        )
-        _checks.expect_dtype(topk_idx, torch.int64)
-        _checks.expect_dtype(topk_weights, torch.float32)
         _wait_previous(previous_event)
         num_experts = num_tokens_per_expert.numel()
         recv = self._exchange(
@@ -343,13 +571,12 @@ class Buffer:
         what: str,
         num_experts: int | None = None,
     ) -> _exchange.Received:
+        # Expert ids outside this rank's range are dropped (-1), as by the real kernels.  Only the internode
+        # path can get here with a wrongly shaped is_token_in_rank (the library does not check it there and
+        # reads out of bounds): an emulation refusal, on every rank.
         error = None
-        if num_experts is not None:
-            if num_experts % self.group_size != 0:
-                error = f"deep_ep emulation: {num_experts} experts not divisible by {self.group_size} ranks"
-            error = error or _checks.expert_range_error(topk_idx, num_experts)
         if is_token_in_rank.shape != (x.shape[0], self.group_size):
-            error = error or (
+            error = (
                 f"deep_ep emulation: is_token_in_rank has shape {tuple(is_token_in_rank.shape)}, "
                 f"expected {(x.shape[0], self.group_size)}"
             )
@@ -369,7 +596,7 @@ class Buffer:
         return recv
 
     def _intranode_handle(
-        self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor
+        self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor, num_worst_tokens: int = 0
     ) -> tuple:
         num_channels = config.num_channels
         device = is_token_in_rank.device
@@ -389,7 +616,7 @@ class Buffer:
             rank_prefix_matrix.to(device),
             cpm,
             recv_cpm.to(device),
-            recv.src_token.to(torch.int32),
+            self._pad_rows(recv.src_token.to(torch.int32), num_worst_tokens, -1),  # recv_src_idx: one per recv row
             is_token_in_rank,
             send_head,
         )
@@ -408,14 +635,19 @@ class Buffer:
         allocate_on_comm_stream: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, EventOverlap]:
         """Reduce (unweighted sum, float32, one rounding) the received tokens back to their source ranks."""
-        self._check_alive()
-        config = self.get_combine_config(self.group_size) if config is None else config
-        if self._topo.num_nodes > 1:
+        check(not _checks.deterministic_fill_enabled(), "v1_combine_deterministic")
+        config = self.get_combine_config(self._config_ranks) if config is None else config
+        self._check_alive("v1_combine_after_destroy")
+        if self._internode:
             return self.internode_combine(
                 x, handle, topk_weights, bias, config, previous_event, async_finish, allocate_on_comm_stream
             )
-        rank_prefix_matrix, _, _, src_idx, is_recv_token_in_rank, send_head = handle
-        _checks.expect_dtype(topk_weights, torch.float32)
+        rank_prefix_matrix, _, channel_prefix_matrix, src_idx, is_recv_token_in_rank, send_head = handle
+        biases = _unpack_bias(bias)
+        self._check_intranode_combine(
+            x, topk_weights, biases, src_idx, rank_prefix_matrix, channel_prefix_matrix, send_head, config,
+            previous_event, async_finish, allocate_on_comm_stream,
+        )
         _wait_previous(previous_event)
         column = rank_prefix_matrix[:, self.rank].to(torch.int64).cpu()
         num_recv = int(column[-1])
@@ -431,6 +663,61 @@ class Buffer:
         )
         _route.rewrite_send_head_for_combine(send_head, config.num_channels)
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
+
+    def _check_intranode_combine(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        biases: list[torch.Tensor],
+        src_idx: torch.Tensor,
+        rank_prefix_matrix: torch.Tensor,
+        channel_prefix_matrix: torch.Tensor,
+        send_head: torch.Tensor,
+        config: Config,
+        previous_event: EventOverlap | None,
+        async_finish: bool,
+        allocate_on_comm_stream: bool,
+    ) -> None:
+        """The refusals of ``Buffer::intranode_combine`` (csrc/legacy/buffer.hpp:732-807) and its kernel
+        launchers, in the library's order."""
+        num_ranks = self.group_size
+
+        def int32_nd(t: torch.Tensor, dims: int) -> bool:
+            return _contiguous_nd(t, dims) and t.dtype == torch.int32
+
+        check(_contiguous_nd(x, 2), "v1_combine_x_dim_contiguous")
+        check(int32_nd(src_idx, 1), "v1_combine_handle_tensor_733")
+        check(int32_nd(send_head, 2), "v1_combine_handle_tensor_734")
+        check(int32_nd(rank_prefix_matrix, 2), "v1_combine_handle_tensor_735")
+        check(int32_nd(channel_prefix_matrix, 2), "v1_combine_handle_tensor_737")
+        check(config.num_sms % 2 == 0, "v1_combine_config_odd_sms")
+        num_channels = config.num_sms // 2
+        num_tokens, hidden = x.shape
+        num_recv_tokens = send_head.shape[0]
+        check(src_idx.shape[0] == num_tokens, "v1_combine_x_rows")
+        check(send_head.shape[1] == num_ranks, "v1_combine_send_head_ranks")
+        check(tuple(rank_prefix_matrix.shape) == (num_ranks, num_ranks), "v1_combine_rank_prefix_shape")
+        check(tuple(channel_prefix_matrix.shape) == (num_ranks, num_channels), "v1_combine_channel_count")
+        check((hidden * x.element_size()) % 16 == 0, "v1_combine_hidden_bytes")
+        if allocate_on_comm_stream:
+            check(_checks.has_event(previous_event) and async_finish, "v1_combine_alloc_on_comm_stream")
+        num_topk = 0
+        if topk_weights is not None:
+            check(_contiguous_nd(topk_weights, 2), "v1_combine_weights_dim_contiguous")
+            check(topk_weights.shape[0] == num_tokens, "v1_combine_weights_rows")
+            check(topk_weights.dtype == torch.float32, "v1_combine_weights_dtype")
+            num_topk = topk_weights.shape[1]
+        check(num_channels * num_ranks * 4 * 2 <= self.num_nvl_bytes, "v1_combine_nvl_bytes_queue")
+        for b in biases:  # after cached_notify_combine (a barrier with the peers)
+            check(_contiguous_nd(b, 2), "v1_combine_bias_dim")
+            check(b.dtype == x.dtype, "v1_combine_bias_dtype")
+            check(tuple(b.shape) == (num_recv_tokens, hidden), "v1_combine_bias_shape")
+        check(
+            v1_combine_nvl_bytes(num_ranks, num_channels, config, hidden, x.element_size(), num_topk)
+            <= self.num_nvl_bytes,
+            "v1_combine_nvl_bytes_data",
+        )
+        check(x.dtype == torch.bfloat16, "v1_combine_x_dtype")  # SWITCH_TYPES of the combine launcher
 
     def _reduce_back(
         self,
@@ -485,8 +772,25 @@ class Buffer:
         assert config is not None
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if handle is not None:
-            assert topk_idx is None and topk_weights is None
-            is_token_in_rank = handle[0]
+            check(topk_idx is None and topk_weights is None, "v1_internode_cached_with_topk")
+            (
+                is_token_in_rank,
+                rdma_channel_prefix_matrix,
+                gbl_channel_prefix_matrix,
+                _recv_rdma_channel_prefix_matrix,
+                recv_rdma_rank_prefix_sum,
+                _recv_gbl_channel_prefix_matrix,
+                recv_gbl_rank_prefix_sum,
+                _recv_src_meta,
+                _send_rdma_head,
+                _send_nvl_head,
+            ) = handle
+            self._check_internode_dispatch(
+                x, x_scales, None, None, None, None, is_token_in_rank, None,
+                (rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum, gbl_channel_prefix_matrix,
+                 recv_gbl_rank_prefix_sum),
+                config, previous_event, async_finish, allocate_on_comm_stream,
+            )
             _wait_previous(previous_event)
             recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
             event = EventOverlap(_event(x.device, async_finish))
@@ -499,6 +803,14 @@ class Buffer:
                 None,
                 event,
             )
+        check(
+            num_tokens_per_rank is not None and is_token_in_rank is not None and num_tokens_per_expert is not None,
+            "v1_internode_missing_layout",
+        )
+        self._check_internode_dispatch(
+            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+            num_tokens_per_expert, None, config, previous_event, async_finish, allocate_on_comm_stream,
+        )
         recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
             x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
             previous_event,
@@ -515,6 +827,121 @@ class Buffer:
             handle,
             event,
         )
+
+    def _check_internode_dispatch(
+        self,
+        x: torch.Tensor,
+        x_scales: torch.Tensor | None,
+        topk_idx: torch.Tensor | None,
+        topk_weights: torch.Tensor | None,
+        num_tokens_per_rank: torch.Tensor | None,
+        num_tokens_per_rdma_rank: torch.Tensor | None,
+        is_token_in_rank: torch.Tensor,
+        num_tokens_per_expert: torch.Tensor | None,
+        cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+        config: Config,
+        previous_event: EventOverlap | None,
+        async_finish: bool,
+        allocate_on_comm_stream: bool,
+    ) -> None:
+        """The refusals of ``Buffer::internode_dispatch`` (csrc/legacy/buffer.hpp:900-991) and its notify /
+        dispatch launchers (csrc/kernels/legacy/internode.cu), in the library's order.
+
+        The library's RDMA ranks are nodes of 8 GPUs; the emulation's are its nodes (``LOCAL_WORLD_SIZE``).
+        """
+        num_ranks, num_rdma_ranks = self.group_size, self._topo.num_nodes
+        num_channels = config.num_sms // 2
+        check(config.num_sms % 2 == 0, "v1_internode_odd_sms")
+        check(0 < num_rdma_ranks <= NUM_MAX_RDMA_PEERS, "v1_internode_rdma_ranks")
+        if cached is None:
+            check(num_tokens_per_rdma_rank is not None, "v1_internode_missing_rdma_layout")
+            check(num_tokens_per_rank.dtype == torch.int32, "v1_internode_dtype_num_tokens_per_rank")
+            check(num_tokens_per_rdma_rank.dtype == torch.int32, "v1_internode_dtype_num_tokens_per_rdma_rank")
+            check(num_tokens_per_expert.dtype == torch.int32, "v1_internode_dtype_num_tokens_per_expert")
+        else:
+            rdma_cpm, recv_rdma_prefix, gbl_cpm, recv_gbl_prefix = cached
+            check(rdma_cpm.dtype == torch.int32, "v1_internode_cached_dtype_918")
+            check(recv_rdma_prefix.dtype == torch.int32, "v1_internode_cached_dtype_919")
+            check(gbl_cpm.dtype == torch.int32, "v1_internode_cached_dtype_920")
+            check(recv_gbl_prefix.dtype == torch.int32, "v1_internode_cached_dtype_921")
+        check(_contiguous_nd(x, 2), "v1_internode_x_dim_contiguous")
+        check((x.shape[1] * x.element_size()) % 16 == 0, "v1_internode_hidden_bytes")
+        if cached is not None:
+            check(_contiguous_nd(rdma_cpm, 2), "v1_internode_cached_shape_932")
+            check(tuple(rdma_cpm.shape) == (num_rdma_ranks, num_channels), "v1_internode_cached_shape_933")
+            check(_contiguous_nd(recv_rdma_prefix, 1), "v1_internode_cached_shape_935")
+            check(recv_rdma_prefix.shape[0] == num_rdma_ranks, "v1_internode_cached_shape_936")
+            check(_contiguous_nd(gbl_cpm, 2), "v1_internode_cached_shape_937")
+            check(tuple(gbl_cpm.shape) == (num_ranks, num_channels), "v1_internode_cached_shape_938")
+            check(_contiguous_nd(recv_gbl_prefix, 1), "v1_internode_cached_shape_940")
+            check(recv_gbl_prefix.shape[0] == num_ranks, "v1_internode_cached_shape_941")
+        else:
+            check(_contiguous_nd(num_tokens_per_rank, 1), "v1_internode_layout_943")
+            check(_contiguous_nd(num_tokens_per_rdma_rank, 1), "v1_internode_layout_944")
+            check(_contiguous_nd(num_tokens_per_expert, 1), "v1_internode_layout_945")
+            check(num_tokens_per_rank.shape[0] == num_ranks, "v1_internode_layout_946")
+            check(num_tokens_per_rdma_rank.shape[0] == num_rdma_ranks, "v1_internode_layout_947")
+            check(num_tokens_per_expert.shape[0] % num_ranks == 0, "v1_internode_experts_not_divisible")
+            check(num_tokens_per_expert.shape[0] // num_ranks <= NUM_MAX_LOCAL_EXPERTS, "v1_internode_layout_949")
+        num_tokens, hidden = x.shape
+        hidden_int4 = hidden * x.element_size() // 16
+        num_experts = 0 if cached is not None else num_tokens_per_expert.shape[0]
+        check((topk_idx is None) == (topk_weights is None), "v1_internode_topk_pairing")
+        num_topk = 0
+        if topk_idx is not None:
+            num_topk = _checks.size(topk_idx, 1, "v1_internode_topk_1d")
+            check(num_experts > 0, "v1_internode_topk_963")
+            check(_contiguous_nd(topk_idx, 2), "v1_internode_topk_964")
+            check(_contiguous_nd(topk_weights, 2), "v1_internode_topk_965")
+            check(num_tokens == topk_idx.shape[0] and num_tokens == topk_weights.shape[0], "v1_internode_topk_966")
+            check(num_topk == topk_weights.shape[1], "v1_internode_topk_967")
+            check(topk_weights.dtype == torch.float32, "v1_internode_weights_dtype")
+            _checks.expect_dtype(topk_idx, torch.int64, "v1_internode_topk_dtype")
+        num_scales = scale_hidden_stride = 0
+        if x_scales is not None:
+            check(x.element_size() == 1, "v1_internode_fp8_977")
+            check(x_scales.dtype in (torch.float32, torch.int32), "v1_internode_fp8_978")
+            check(x_scales.dim() == 2, "v1_internode_fp8_979")
+            check(x_scales.shape[0] == num_tokens, "v1_internode_fp8_980")
+            num_scales, scale_hidden_stride = x_scales.shape[1], x_scales.stride(1)
+        if allocate_on_comm_stream:
+            check(_checks.has_event(previous_event) and async_finish, "v1_internode_alloc_on_comm_stream")
+        rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
+        if cached is None:  # notify_dispatch (internode.cu:430-437)
+            rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
+                                         config.num_max_rdma_chunked_recv_tokens, num_channels)
+            nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
+                                       config.num_max_nvl_chunked_recv_tokens, num_channels)
+            check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_rdma_clean_meta")
+            check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_nvl_clean_meta")
+            check(rdma_hint < INT_MAX, "v1_internode_rdma_bytes_int")
+            check(num_rdma_ranks in SUPPORTED_RDMA_RANKS, "v1_internode_unsupported_rdma_ranks")
+        else:  # cached_notify (internode.cu:1515-1519), no top-k in cached mode
+            self._check_cached_notify(hidden_int4, num_scales, 0, 0, num_channels, config, rdma_hint, True)
+        check(num_scales * scale_hidden_stride < INT_MAX, "v1_internode_scale_stride")
+
+    def _check_cached_notify(
+        self,
+        hidden_int4: int,
+        num_scales: int,
+        num_topk_idx: int,
+        num_topk_weights: int,
+        num_channels: int,
+        config: Config,
+        rdma_hint: int,
+        is_cached_dispatch: bool,
+    ) -> None:
+        """``internode::cached_notify``'s checks (csrc/kernels/legacy/internode.cu:1515-1519)."""
+        num_rdma_ranks = self._topo.num_nodes
+        rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
+                                     config.num_max_rdma_chunked_recv_tokens, num_channels)
+        nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
+                                   config.num_max_nvl_chunked_recv_tokens, num_channels)
+        del is_cached_dispatch  # the clean metadata does not depend on it
+        check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_cached_notify_1515")
+        check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_cached_notify_1516")
+        check(rdma_hint < INT_MAX, "v1_internode_cached_notify_1517")
+        check(num_channels * 2 > 3, "v1_internode_cached_notify_1519")
 
     def _internode_handle(
         self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor
@@ -549,7 +976,9 @@ class Buffer:
         recv_gbl_rank_prefix_sum = torch.cumsum(
             torch.tensor([int(p[:, me].sum()) for p in recv.gathered["in_rank"]]), 0
         ).to(torch.int32)
-        recv_src_meta = torch.stack([recv.src_rank, recv.src_token], dim=1).to(torch.int32)
+        # (source rank, source token) as two int32 = the real 8-byte SourceMeta rows, typed uint8 [n, 8] like it
+        recv_src_meta = torch.stack([recv.src_rank, recv.src_token], dim=1).to(torch.int32).contiguous()
+        recv_src_meta = recv_src_meta.view(torch.uint8).reshape(-1, SOURCE_META_BYTES)
         send_rdma_head = _route.send_head(in_node, num_channels)
         rdma_rows = torch.cat(
             [
@@ -560,6 +989,10 @@ class Buffer:
             ]
         )
         send_nvl_head = _route.send_head(rdma_rows, num_channels)
+        if rpn < NUM_MAX_NVL_PEERS:  # the real head has one column per NVLink peer slot (8); absent peers: -1
+            pad = torch.full((send_nvl_head.shape[0], NUM_MAX_NVL_PEERS - rpn), -1, dtype=torch.int32,
+                             device=send_nvl_head.device)
+            send_nvl_head = torch.cat([send_nvl_head, pad], dim=1)
         del world
         return (
             is_token_in_rank,
@@ -587,20 +1020,116 @@ class Buffer:
     ) -> tuple[torch.Tensor, torch.Tensor | None, EventOverlap]:
         """Multi-node combine (same numerics as the intranode one in the emulation)."""
         assert config is not None
-        is_combined_token_in_rank = handle[0]
-        src_meta = handle[7]
-        _checks.expect_dtype(topk_weights, torch.float32)
+        (
+            is_combined_token_in_rank,
+            _,
+            _,
+            rdma_channel_prefix_matrix,
+            rdma_rank_prefix_sum,
+            gbl_channel_prefix_matrix,
+            _gbl_rank_prefix_sum,
+            src_meta,
+            send_rdma_head,
+            send_nvl_head,
+        ) = handle
+        biases = _unpack_bias(bias)
+        self._check_internode_combine(
+            x, topk_weights, biases, src_meta, is_combined_token_in_rank, rdma_channel_prefix_matrix,
+            rdma_rank_prefix_sum, gbl_channel_prefix_matrix, send_rdma_head, send_nvl_head, config, previous_event,
+            async_finish, allocate_on_comm_stream,
+        )
         _wait_previous(previous_event)
-        num_recv = src_meta.shape[0]
+        meta = src_meta.contiguous().view(torch.int32)  # (source rank, source token)
+        num_recv = meta.shape[0]
         combined_x, combined_w = self._reduce_back(
             x[:num_recv],
-            src_meta[:, 0].to(torch.int64),
-            src_meta[:, 1].to(torch.int64),
+            meta[:, 0].to(torch.int64),
+            meta[:, 1].to(torch.int64),
             None if topk_weights is None else topk_weights[:num_recv],
             is_combined_token_in_rank.shape[0],
             bias,
         )
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
+
+    def _check_internode_combine(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor | None,
+        biases: list[torch.Tensor],
+        src_meta: torch.Tensor,
+        is_combined_token_in_rank: torch.Tensor,
+        rdma_channel_prefix_matrix: torch.Tensor,
+        rdma_rank_prefix_sum: torch.Tensor,
+        gbl_channel_prefix_matrix: torch.Tensor,
+        combined_rdma_head: torch.Tensor,
+        combined_nvl_head: torch.Tensor,
+        config: Config,
+        previous_event: EventOverlap | None,
+        async_finish: bool,
+        allocate_on_comm_stream: bool,
+    ) -> None:
+        """The refusals of ``Buffer::internode_combine`` (csrc/legacy/buffer.hpp:1265-1361) and its launchers
+        (csrc/kernels/legacy/internode.cu:1515-1519, 2366-2373), in the library's order."""
+        num_ranks, num_rdma_ranks = self.group_size, self._topo.num_nodes
+        num_channels = config.num_sms // 2
+
+        def typed_nd(t: torch.Tensor, dims: int, dtype: torch.dtype) -> bool:
+            return _contiguous_nd(t, dims) and t.dtype == dtype
+
+        check(config.num_sms % 2 == 0, "v1_internode_combine_odd_sms")
+        check(_contiguous_nd(x, 2), "v1_internode_combine_x")
+        check(typed_nd(src_meta, 2, torch.uint8), "v1_internode_combine_handle_1269")
+        check(typed_nd(is_combined_token_in_rank, 2, torch.bool), "v1_internode_combine_handle_1270")
+        check(typed_nd(rdma_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1272")
+        check(typed_nd(rdma_rank_prefix_sum, 1, torch.int32), "v1_internode_combine_handle_1274")
+        check(typed_nd(gbl_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1276")
+        check(typed_nd(combined_rdma_head, 2, torch.int32), "v1_internode_combine_handle_1278")
+        check(typed_nd(combined_nvl_head, 2, torch.int32), "v1_internode_combine_handle_1280")
+        num_tokens, hidden = x.shape
+        hidden_int4 = hidden * x.element_size() // 16
+        num_combined_tokens = is_combined_token_in_rank.shape[0]
+        check((hidden * x.element_size()) % 16 == 0, "v1_internode_combine_hidden_bytes")
+        check(src_meta.shape[1] == SOURCE_META_BYTES, "v1_internode_combine_handle_1286")
+        check(is_combined_token_in_rank.shape[1] == num_ranks, "v1_internode_combine_handle_1287")
+        check(
+            tuple(rdma_channel_prefix_matrix.shape) == (num_rdma_ranks, num_channels),
+            "v1_internode_combine_channel_count_1288",
+        )
+        check(rdma_rank_prefix_sum.shape[0] == num_rdma_ranks, "v1_internode_combine_handle_1289")
+        check(
+            tuple(gbl_channel_prefix_matrix.shape) == (num_ranks, num_channels),
+            "v1_internode_combine_channel_count_1290",
+        )
+        check(tuple(combined_rdma_head.shape) == (num_combined_tokens, num_rdma_ranks),
+              "v1_internode_combine_handle_1291")
+        check(combined_nvl_head.shape[1] == NUM_MAX_NVL_PEERS, "v1_internode_combine_handle_1293")
+        if allocate_on_comm_stream:
+            check(_checks.has_event(previous_event) and async_finish, "v1_internode_combine_alloc_on_comm_stream")
+        num_topk = 0
+        if topk_weights is not None:
+            check(_contiguous_nd(topk_weights, 2), "v1_internode_combine_weights_1316")
+            check(topk_weights.shape[0] == num_tokens, "v1_internode_combine_weights_1317")
+            check(topk_weights.dtype == torch.float32, "v1_internode_combine_weights_dtype")
+            num_topk = topk_weights.shape[1]
+        check(config.num_max_nvl_chunked_recv_tokens % num_rdma_ranks == 0, "v1_internode_combine_nvl_recv_divisible")
+        check(
+            config.num_max_nvl_chunked_send_tokens <= config.num_max_nvl_chunked_recv_tokens // num_rdma_ranks,
+            "v1_internode_combine_nvl_send_bound",
+        )
+        rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
+        self._check_cached_notify(hidden_int4, 0, 0, num_topk, num_channels, config, rdma_hint, False)
+        for b in biases:
+            check(_contiguous_nd(b, 2), "v1_internode_combine_bias_1359")
+            check(b.dtype == x.dtype, "v1_internode_combine_bias_1360")
+            check(tuple(b.shape) == (num_combined_tokens, hidden), "v1_internode_combine_bias_1361")
+        # the combine launcher (internode.cu:2363-2373)
+        warps_per_forwarder = max(NUM_COMBINE_FORWARDER_WARPS // num_rdma_ranks, 1)
+        nvl_recv, nvl_send = config.num_max_nvl_chunked_recv_tokens, config.num_max_nvl_chunked_send_tokens
+        rdma_send = config.num_max_rdma_chunked_send_tokens
+        check(nvl_recv // num_rdma_ranks > max(rdma_send, nvl_send), "v1_internode_combine_chunk_bound")
+        check(nvl_recv // num_rdma_ranks - warps_per_forwarder >= nvl_send, "v1_internode_combine_forwarder_room")
+        check(rdma_send >= warps_per_forwarder, "v1_internode_combine_rdma_send_min")
+        check(x.dtype == torch.bfloat16, "v1_internode_combine_x_dtype")
 
     # ------------------------------------------------------------------------------------- low latency
     def clean_low_latency_buffer(self, *args: object, **kwargs: object) -> None:

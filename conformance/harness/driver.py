@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, example, given, seed, settings
 
 from conformance.harness.faults import BudgetExhausted, describe_cause
 from conformance.properties import NotApplicable, Property
@@ -52,7 +52,7 @@ def run_property(session: Any, prop: Property) -> None:
     config = session.config
 
     @settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED)
-    @given(case=prop.strategy(config.world_size))
+    @given(case=prop.strategy(config.shape))
     def body(case: Any) -> None:
         started = time.monotonic()
         try:
@@ -61,6 +61,8 @@ def run_property(session: Any, prop: Property) -> None:
             budget.charge(failure, case, time.monotonic() - started)
             raise
 
+    for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
+        body = example(case=case)(body)
     if config.seed is not None:
         body = seed(config.seed)(body)
 

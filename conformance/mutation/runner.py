@@ -1,7 +1,7 @@
 """The mutation engine: plant each mutant in the emulated backends and run the property catalog on it.
 
 For every (mutant, property) pair, Hypothesis draws up to ``max_examples`` cases from the very strategy
-the property test uses (generate phase only, no shrinking, seeded, no database) and the property's
+the property test uses, after the property's explicit cases (no shrinking, seeded, no database) and the property's
 registered check runs on each until one fails.  A failure is an ``AssertionError`` from the check or a
 rank failure (a rank raised, hung past the example timeout, or died).  Each failure is replayed once
 without the mutant: only if the property then holds is the failure the mutant's (a kill).
@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 
 from conformance.harness.session import Session
 from conformance.mutants import Mutant
@@ -61,10 +61,10 @@ def first_failure(session: Session, prop: Property, budget: Budget) -> tuple[int
     """
     state: dict[str, Any] = {"examples": 0, "case": None, "error": None}
 
-    @settings(max_examples=budget.max_examples, phases=[Phase.generate], database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), derandomize=False)
+    @settings(max_examples=budget.max_examples, phases=[Phase.explicit, Phase.generate], database=None,
+              deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
     @seed(budget.seed)
-    @given(case=prop.strategy(session.config.world_size))
+    @given(case=prop.strategy(session.config.shape))
     def draw(case: Any) -> None:
         if state["error"] is not None:
             return  # already failed: let Hypothesis run out its remaining (cheap) draws
@@ -74,6 +74,8 @@ def first_failure(session: Session, prop: Property, budget: Budget) -> tuple[int
         except Exception as exc:  # classified by the caller
             state.update(case=case, error=exc)
 
+    for case in reversed(prop.explicit(session.config.shape) if prop.explicit else []):
+        draw = example(case=case)(draw)  # the property's explicit cases come first, as in the pytest run
     draw()
     return state["examples"], state["case"], state["error"]
 

@@ -4,7 +4,7 @@ A property module ``test_pNN_<name>.py`` defines its check and registers a :clas
 :func:`register`: id, title, the strategy that draws its cases, the rank task that runs them, the check.
 :func:`register` also returns the module's pytest test, so the module is the whole property::
 
-    PROPERTY = register(Property(id="P1-per-expert-payloads", title="...", strategy=examples,
+    PROPERTY = register(Property(id="P1-per-expert-payloads", title="...", strategy=sized(examples),
                                  task=dispatch_views, check=check))
     test_per_expert_payloads = PROPERTY.test
 
@@ -52,12 +52,15 @@ class Property:
     Attributes:
         id: ``PNN-name``, stable across versions (reports and gates key on it).
         title: one line saying what holds.
-        strategy: ``world_size -> SearchStrategy`` of cases.
+        strategy: ``world shape -> SearchStrategy`` of cases (``strategies.sized`` adapts a strategy of the world
+            size; the shape has ``nodes``, ``ranks_per_node`` and ``size``).
         task: the ``@rank_task`` the ranks run on each case (gets only the backends of ``apis``).
         check: ``check(ctx, case, per_rank_results)`` (:class:`CheckContext`; the task's result of every rank):
             raises ``AssertionError`` on a violation.
         case_type: what the strategy draws (``Example`` or a case type of :mod:`conformance.core.cases`).
         apis: the APIs the property exercises; with no selected backend of these it is not applicable.
+        explicit: ``world shape -> [case, ...]`` checked first on every run, before the drawn ones (a sweep that
+            must not be left to chance, such as every row of a table).
     """
 
     id: str
@@ -67,6 +70,7 @@ class Property:
     check: Callable[..., None]
     case_type: type = Example
     apis: tuple[str, ...] = ALL_APIS
+    explicit: Callable[[Any], list[Any]] | None = None
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property

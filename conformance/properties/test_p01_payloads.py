@@ -9,7 +9,7 @@ from conformance.canonical import receipts_from_view
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_receipts
 from conformance.properties import CheckContext, Property, register
-from conformance.strategies import examples
+from conformance.strategies import examples, sized
 from conformance.tasks.dispatch import dispatch_views
 
 
@@ -34,6 +34,6 @@ PROPERTY = register(Property(
     id="P1-per-expert-payloads",
     title="for every rank and local expert, the set of (source rank, source token, x bytes, weight) equals the "
           "oracle's, byte-exact, for every backend; pairwise equal across backends",
-    strategy=examples, task=dispatch_views, check=check,
+    strategy=sized(examples), task=dispatch_views, check=check,
 ))
 test_per_expert_payloads = PROPERTY.test

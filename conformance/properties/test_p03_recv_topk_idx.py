@@ -11,6 +11,7 @@ from conformance.core.example import Example, build_all_inputs
 from conformance.core.views import DispatchView
 from conformance.oracle import expected_received_tokens, expected_recv_topk_idx
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.layout import layout_examples
 from conformance.tasks.dispatch import dispatch_views
 
@@ -54,6 +55,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P3-recv-topk-idx",
     title="recv_topk_idx holds the local expert index or -1, equal across backends",
-    strategy=layout_examples, task=dispatch_views, check=check,
+    strategy=sized(layout_examples), task=dispatch_views, check=check,
 ))
 test_recv_topk_idx = PROPERTY.test

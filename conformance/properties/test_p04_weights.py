@@ -11,6 +11,7 @@ from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView
 from conformance.oracle import expected_received_tokens
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.layout import layout_examples
 from conformance.tasks.dispatch import dispatch_views
 
@@ -104,6 +105,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P4-weights",
     title="weights equal where idx >= 0; at -1 slots V1 writes 0 and V2 keeps the sender's weight (a divergence)",
-    strategy=layout_examples, task=dispatch_views, check=check,
+    strategy=sized(layout_examples), task=dispatch_views, check=check,
 ))
 test_weights = PROPERTY.test

@@ -14,6 +14,7 @@ from conformance.core.cases import CombineCase
 from conformance.core.example import build_all_inputs, build_biases
 from conformance.oracle.reduction import expected_combined_weights, expected_scaled_combine, scaled_weight
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.combine import combine_cases
 from conformance.tasks.combine import CombineResult, combine_outputs
 
@@ -63,6 +64,6 @@ PROPERTY = register(Property(
     id="P5-combine",
     title="combine = sum over receiving ranks (+ bias), byte-exact with exactly-summable payloads, bounded error "
           "otherwise",
-    strategy=combine_cases, task=combine_outputs, check=check, case_type=CombineCase,
+    strategy=sized(combine_cases), task=combine_outputs, check=check, case_type=CombineCase,
 ))
 test_combine = PROPERTY.test

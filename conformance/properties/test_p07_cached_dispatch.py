@@ -9,6 +9,7 @@ from conformance.canonical import source_order
 from conformance.core.example import Example, build_all_inputs, second_payload
 from conformance.oracle.reduction import expected_rows_by_source
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.combine import cached_dispatch_examples
 from conformance.tasks.combine import CachedResult, cached_dispatch
 
@@ -50,6 +51,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P7-cached-dispatch",
     title="cached dispatch equals the first dispatch",
-    strategy=cached_dispatch_examples, task=cached_dispatch, check=check,
+    strategy=sized(cached_dispatch_examples), task=cached_dispatch, check=check,
 ))
 test_cached_dispatch = PROPERTY.test

@@ -27,6 +27,7 @@ from conformance.core.example import (
 )
 from conformance.oracle.reduction import expected_dispatch_backward, expected_rows_by_source
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.combine import gradient_examples
 from conformance.tasks.combine import GradResult, gradients
 
@@ -104,6 +105,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P9-gradients",
     title="autograd wrappers: dispatch backward = combine, combine backward = cached dispatch; grads agree",
-    strategy=gradient_examples, task=gradients, check=check,
+    strategy=sized(gradient_examples), task=gradients, check=check,
 ))
 test_gradients = PROPERTY.test

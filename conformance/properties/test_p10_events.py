@@ -16,6 +16,7 @@ from conformance.core.example import Example
 from conformance.core.views import Unsupported
 from conformance.oracle.recorded import recorded_errors
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.calls import small_examples
 from conformance.tasks.events import event_results
 
@@ -57,6 +58,6 @@ PROPERTY = register(Property(
     id="P10-events",
     title="async + wait = sync; previous_event orders communication; V2 refuses it without "
           "allocate_on_comm_stream=True; EventOverlap waits on exit",
-    strategy=small_examples, task=event_results, check=check,
+    strategy=sized(small_examples), task=event_results, check=check,
 ))
 test_events = PROPERTY.test

@@ -9,6 +9,7 @@ from conformance.assertions import assert_bytes_equal, assert_refused_then_usabl
 from conformance.core.cases import QpCase
 from conformance.oracle.recorded import recorded_errors
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.calls import qp_cases
 from conformance.tasks.qp import qp_results
 
@@ -109,6 +110,6 @@ PROPERTY = register(Property(
     id="P11-qp-cap",
     title="automatic QP cap, theoretical QPs within it, over-asking fails before communicating, combine num_sms=0 "
           "reuses the handle, pinned num_max_tokens_per_rank (a preflight reports disagreeing ranks)",
-    strategy=qp_cases, task=qp_results, check=check, case_type=QpCase, apis=("v2",),
+    strategy=sized(qp_cases), task=qp_results, check=check, case_type=QpCase, apis=("v2",),
 ))
 test_qp_cap = PROPERTY.test

@@ -1,31 +1,24 @@
-"""P12 bad input: every rank raises (the recorded exception where one was recorded), nothing hangs, and the
-very next valid dispatch on the same buffer returns the oracle's bytes."""
+"""P12 bad input: every bad call of the refusal table (``conformance/emulation/refusals.toml``, one row per host
+refusal of DeepEP 2.1.0 on the argument path of a public call) raises the library's exception on every rank,
+nothing hangs, the row's valid neighbour passes, and the next valid dispatch returns the oracle's bytes.
+
+Every run makes every applicable row's calls once (the explicit sweep), then draws one to four rows with
+examples; real and emulated backends are held to the same rows, so a run on the real library checks the table.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_refused_then_usable, by_backend
-from conformance.core.cases import BadInputCase
-from conformance.oracle.recorded import recorded_errors
+from conformance.assertions import assert_raised_everywhere, assert_view_matches_oracle
+from conformance.core.cases import BadCallCase, p12_rows
+from conformance.emulation import _refusals
 from conformance.properties import CheckContext, Property, register
-from conformance.strategies.calls import bad_input_cases
-from conformance.tasks.bad_input import bad_input_results
+from conformance.strategies.calls import bad_call_cases, bad_call_sweep
+from conformance.tasks.bad_input import bad_call_results
 
-#: (defect, api) -> the name of the real library's recorded error (fixtures/deepep-real, ``errors``).
-#: Defects without an entry were not recorded (the real kernels hang or corrupt): any exception on every
-#: rank is accepted there.
-RECORDED = {
-    ("int32_topk_idx", "v1"): "v1_int32_topk_idx",
-    ("int32_topk_idx", "v2"): "v2_int32_topk_idx",
-    ("bf16_weights", "v2"): "v2_bf16_weights",
-    ("experts_not_divisible", "v2"): "v2_experts_not_divisible",
-    ("v2_previous_event_without_allocate", "v2"): "v2_previous_event_without_comm_alloc",
-    ("v2_cached_dispatch_without_num_experts", "v2"): "v2_cached_dispatch_without_num_experts",
-    ("odd_num_sms", "v1"): "v1_odd_num_sms",
-}
-#: Recorded message prefix of the V2 combine JIT failure for hidden=128 (cases ``small`` / ``all_masked``).
-HIDDEN_128_PREFIX = 'Assertion exception (csrc/jit/compiler.hpp:239): false and "NVCC compilation failed"'
+#: The row whose refusal is an upstream defect an integrator must work around (a divergence worth reporting).
+CACHED_TYPEERROR_ROW = "v2_dispatch_num_experts_none"
 CACHED_TYPEERROR_DEFECT = (
     "ElasticBuffer.dispatch(x, handle=handle) without num_experts (and num_sms=0) raises TypeError "
     "\"unsupported operand type(s) for %: 'NoneType' and 'int'\" (DeepEP 2.1.0 computes the SM count before "
@@ -33,34 +26,33 @@ CACHED_TYPEERROR_DEFECT = (
 )
 
 
-def check(ctx: CheckContext, case: BadInputCase, per_rank: list[dict[str, Any]]) -> None:
-    """Each bad call raises on every rank (recorded type and message where recorded), and the next valid
-    dispatch on the same buffer returns the oracle's receipts."""
+def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) -> None:
+    """Per row and backend: every rank raised the row's exception type with its message (exact, prefix or
+    pattern), the row's valid neighbour raised on no rank; then every backend's next valid dispatch is exact."""
     __tracebackhide__ = True
-    for backend, results in by_backend(per_rank).items():
-        api = backend.rsplit("-", 1)[1]
-        call = f"{backend} with defect {case.defect} ({case.example.to_json()})"
-        recorded = RECORDED.get((case.defect, api))
-        if recorded is not None:
-            expected_type, expected_message = recorded_errors()[recorded]
-            expected = {"expected_type": expected_type, "expected_message": expected_message}
-        elif case.defect == "v2_combine_hidden_128":
-            expected = {"expected_type": "RuntimeError", "message_prefix": HIDDEN_128_PREFIX}
-        else:
-            expected = {}
-        if case.defect == "v2_cached_dispatch_without_num_experts":
-            ctx.record_divergence(f"{backend}:cached-dispatch-without-num-experts", CACHED_TYPEERROR_DEFECT)
-        assert_refused_then_usable(ctx, case.example, results, refused="raised", after="after", call=call,
-                                   what=f"the rejected {case.defect}", **expected)
-        for rank, got in enumerate(results):
-            if "num_sms" in got and got["num_sms"][0] != got["num_sms"][1]:
-                raise AssertionError(f"Buffer.num_sms[rank {rank}] changed from {got['num_sms'][0]} to "
-                                     f"{got['num_sms'][1]} although set_num_sms raised [{call}]")
+    table = p12_rows()
+    for row_id in case.rows:
+        row = table[row_id]
+        for backend in per_rank[0]["rows"][row_id]:
+            got = [ranks["rows"][row_id][backend] for ranks in per_rank]
+            where = f"{backend}: {row['call']} with {row['condition']} [refusal {row_id}, {row['source']}]"
+            assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
+                                     message_pattern=_refusals.message_pattern(row_id))
+            for rank, g in enumerate(got):
+                if g["neighbour"].type is not None:
+                    raise AssertionError(f"rank {rank} raised {g['neighbour']} on the valid neighbour of {row_id} "
+                                         f"(recipe {row['neighbour']}, the closest valid call) [{where}]")
+            if row_id == CACHED_TYPEERROR_ROW:
+                ctx.record_divergence(f"{backend}:cached-dispatch-without-num-experts", CACHED_TYPEERROR_DEFECT)
+    for rank, ranks in enumerate(per_rank):
+        for view in ranks["after"].values():
+            assert_view_matches_oracle(ctx, case.example, rank, view, after=f"the refused calls {list(case.rows)}")
 
 
 PROPERTY = register(Property(
     id="P12-bad-input",
-    title="bad calls raise a clear exception on every rank, nothing hangs, the next valid call is correct",
-    strategy=bad_input_cases, task=bad_input_results, check=check, case_type=BadInputCase,
+    title="bad calls (one per refusal of the library, from the refusal table) raise the library's exception on "
+          "every rank, nothing hangs, the valid neighbour passes, the next valid call is correct",
+    strategy=bad_call_cases, task=bad_call_results, check=check, case_type=BadCallCase, explicit=bad_call_sweep,
 ))
 test_bad_input = PROPERTY.test

@@ -8,6 +8,7 @@ from typing import Any
 from conformance.core.api_surface import SNAPSHOT, changes_as_json, diff_surface, load_snapshot
 from conformance.core.cases import ApiSurfaceCase
 from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
 from conformance.strategies.calls import api_surface_cases
 from conformance.tasks.surface import surfaces
 
@@ -37,6 +38,6 @@ def check(ctx: CheckContext, case: ApiSurfaceCase, per_rank: list[dict[str, Any]
 PROPERTY = register(Property(
     id="P14-api-surface",
     title="import probe and method signatures against a snapshot of the real API",
-    strategy=api_surface_cases, task=surfaces, check=check, case_type=ApiSurfaceCase,
+    strategy=sized(api_surface_cases), task=surfaces, check=check, case_type=ApiSurfaceCase,
 ))
 test_api_surface = PROPERTY.test

@@ -13,6 +13,9 @@ Every strategy takes the world size: a property's strategy is ``world_size -> Se
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from hypothesis import strategies as st
 
 from conformance.core.example import PAYLOADS, ROUTINGS, Example
@@ -57,3 +60,8 @@ def examples(
     )
     example.validate()
     return example
+
+
+def sized(build: Callable[[int], st.SearchStrategy[Any]]) -> Callable[[Any], st.SearchStrategy[Any]]:
+    """A property's strategy (world shape -> cases) from a strategy of the world size (most need no more)."""
+    return lambda world: build(world.size)

@@ -1,4 +1,4 @@
-"""Strategies for P10 (events), P11 (QP cap), P12 (bad input) and P14 (API surface).
+"""Strategies for P10 (events), P11 (QP cap), P12 (bad calls, from the refusal table) and P14 (API surface).
 
 Examples stay small (hidden 128/256, at most 16 or 64 tokens per rank): these properties are about call
 semantics, not sizes.  Hidden 128 is kept so that the V2 combine limit is reached.
@@ -7,12 +7,14 @@ semantics, not sizes.  Hidden 128 is kept so that the V2 combine limit is reache
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from hypothesis import strategies as st
 
-from conformance.core.cases import BAD_INPUT_DEFECTS, ApiSurfaceCase, BadInputCase, QpCase, needs_tokens
+from conformance.core.cases import ApiSurfaceCase, BadCallCase, QpCase, p12_rows
 from conformance.core.example import Example
 from conformance.strategies import examples
+from conformance.tasks import bad_calls
 
 SMALL_HIDDEN = (128, 256)
 SMALL_MAX_TOKENS = (16, 64)
@@ -38,16 +40,52 @@ def qp_cases(draw: st.DrawFn, world_size: int) -> QpCase:
     )
 
 
+#: At most this many refusal-table rows in one drawn P12 case (shrinking goes down to one).
+MAX_ROWS_PER_CASE = 4
+#: Rows per case of the sweep (one world round trip each).
+SWEEP_ROWS_PER_CASE = 24
+
+
+def p12_rows_for(world: Any) -> list[str]:
+    """The P12 rows whose bad call can be made on a world of this shape (``bad_calls.applies``' topology)."""
+    names = []
+    for rid, row in sorted(p12_rows().items()):
+        if any(bad_calls.applies(row["recipe"], example, world.nodes) for example in sweep_examples(world.size)):
+            names.append(rid)
+    return names
+
+
+def sweep_examples(world_size: int) -> list[Example]:
+    """The fixed examples the sweep makes the bad calls with (the first that a row's recipe accepts is used)."""
+    tokens = tuple((6, 4, 5, 3)[r % 4] for r in range(world_size))
+    base = Example(tokens, hidden=256, num_topk=2, num_experts=2 * world_size, num_max_tokens_per_rank=16, seed=3)
+    return [base, dataclasses.replace(base, num_topk=min(4, base.num_experts), seed=4),
+            dataclasses.replace(base, hidden=128)]
+
+
+def bad_call_sweep(world: Any) -> list[BadCallCase]:
+    """Every P12 row, once, in cases of up to :data:`SWEEP_ROWS_PER_CASE` rows (P12's explicit cases): each row's
+    bad call and neighbour are made on every run, not only when drawn."""
+    grouped: dict[Example, list[str]] = {}
+    for rid in p12_rows_for(world):
+        recipe = p12_rows()[rid]["recipe"]
+        example = next((ex for ex in sweep_examples(world.size) if bad_calls.applies(recipe, ex, world.nodes)), None)
+        if example is not None:
+            grouped.setdefault(example, []).append(rid)
+    return [BadCallCase(example, tuple(rows[i:i + SWEEP_ROWS_PER_CASE]))
+            for example, rows in grouped.items() for i in range(0, len(rows), SWEEP_ROWS_PER_CASE)]
+
+
 @st.composite
-def bad_input_cases(draw: st.DrawFn, world_size: int, defects: tuple[str, ...] = BAD_INPUT_DEFECTS) -> BadInputCase:
-    """P12 cases: the defect kind is drawn first so that shrinking keeps it and shrinks the example."""
-    defect = draw(st.sampled_from(defects), label="defect")
-    example = draw(small_examples(world_size), label="example")
-    if defect == "v2_combine_hidden_128":
-        example = dataclasses.replace(example, hidden=128)
-    if needs_tokens(defect) and sum(example.tokens_per_rank) == 0:
-        example = dataclasses.replace(example, tokens_per_rank=(1,) + example.tokens_per_rank[1:])
-    case = BadInputCase(example=example, defect=defect)
+def bad_call_cases(draw: st.DrawFn, world: Any) -> BadCallCase:
+    """P12 cases: one to four refusal-table rows, drawn first so that shrinking keeps them, then an example that
+    every row's recipe accepts on this world."""
+    names = p12_rows_for(world)
+    rows = draw(st.lists(st.sampled_from(names), min_size=1, max_size=MAX_ROWS_PER_CASE, unique=True), label="rows")
+    recipes = [p12_rows()[rid]["recipe"] for rid in rows]
+    example = draw(small_examples(world.size).filter(
+        lambda ex: all(bad_calls.applies(recipe, ex, world.nodes) for recipe in recipes)), label="example")
+    case = BadCallCase(example=example, rows=tuple(rows))
     case.validate()
     return case
 

@@ -1,0 +1,103 @@
+"""Mutants of the refusals (the refusal table, conformance/emulation/refusals.toml).
+
+Two families, both harmful:
+
+* a dropped refusal, one per kind of check (a dtype check, a shape/contiguity check, a size check, an
+  argument-combination check, a buffer-state check): the emulation accepts the one offending call of that
+  row, as a library that lost the check would (``_refusals.SUPPRESSED``);
+* a refusal that fires on a valid call: a size check off by one (or using the wrong constant), so that a
+  legal call at the boundary is refused.
+
+Each mutant changes what the row's recipe or neighbour (conformance/tasks/bad_calls.py) does; the self-test
+(tests/test_refusals.py) shows it.  They are not wired into a property yet: P12 will draw the table's rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+from conformance.emulation import ElasticBuffer, _refusals, legacy
+from conformance.mutants.patching import wrap_method
+from conformance.mutants.registry import register
+
+
+@contextlib.contextmanager
+def _dropped(row_id: str) -> Iterator[None]:
+    """The emulation skips the refusal of table row ``row_id`` while the block runs."""
+    if row_id not in _refusals.rows():
+        raise KeyError(f"no refusal-table row {row_id!r}")
+    _refusals.SUPPRESSED.add(row_id)
+    try:
+        yield
+    finally:
+        _refusals.SUPPRESSED.discard(row_id)
+
+
+#: mutant name -> the table row whose recipe (dropped refusals) or neighbour (false refusals) it changes.
+TARGETS: dict[str, str] = {}
+
+
+def _drop(name: str, row_id: str, what: str) -> None:
+    TARGETS[name] = row_id
+
+    @register(name, "harmful", f"{what} ({row_id} dropped)")
+    def mutant() -> Iterator[None]:
+        with _dropped(row_id):
+            yield
+
+
+_drop("refusal-dropped-dtype", "v1_dispatch_weights_dtype",
+      "V1 dispatch accepts bfloat16 topk_weights instead of refusing them (dtype check)")
+_drop("refusal-dropped-contiguity", "v1_layout_topk_contiguous",
+      "V1 get_dispatch_layout accepts a non-contiguous topk_idx (shape/contiguity check)")
+_drop("refusal-dropped-buffer-size", "v2_dispatch_buffer_size",
+      "V2 dispatch accepts a per-call num_max_tokens_per_rank its buffer cannot hold (size check)")
+_drop("refusal-dropped-argument-combination", "v1_dispatch_alloc_on_comm_stream",
+      "V1 dispatch accepts allocate_on_comm_stream=True without previous_event / async_finish "
+      "(argument-combination check)")
+_drop("refusal-dropped-use-after-destroy", "v2_dispatch_after_destroy",
+      "V2 dispatch works on a destroyed buffer (buffer-state check)")
+
+
+TARGETS["refusal-full-batch-refused"] = "v2_dispatch_too_many_tokens"
+
+
+@register("refusal-full-batch-refused", "harmful",
+          "V2 dispatch refuses exactly num_max_tokens_per_rank tokens (num_tokens < max instead of <=: off by one)")
+def full_batch_refused() -> Iterator[None]:
+    def check(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        args[6] -= 1  # num_max_tokens_per_rank
+        return original(self, *args, **kwargs)
+
+    with wrap_method(ElasticBuffer, "_check_dispatch", check):
+        yield
+
+
+TARGETS["refusal-nvl-bytes-overestimated"] = "v1_dispatch_nvl_bytes_data"
+
+
+@register("refusal-nvl-bytes-overestimated", "harmful",
+          "V1 dispatch counts FP8 scale bytes for bfloat16 payloads too, refusing a legal, exactly sized buffer")
+def nvl_bytes_overestimated() -> Iterator[None]:
+    original = legacy.v1_dispatch_nvl_bytes
+
+    def overestimated(num_ranks: int, num_channels: int, config: Any, hidden: int, elem_size: int, num_topk: int,
+                      num_scales: int) -> int:
+        return original(num_ranks, num_channels, config, hidden, elem_size, num_topk, num_scales or hidden // 128)
+
+    with mock.patch.object(legacy, "v1_dispatch_nvl_bytes", overestimated):
+        yield
+
+
+TARGETS["refusal-nvl-alignment-256"] = "v1_init_nvl_bytes_alignment"
+
+
+@register("refusal-nvl-alignment-256", "harmful",
+          "Buffer() requires num_nvl_bytes to be a multiple of 256 instead of 128, refusing legal sizes")
+def nvl_alignment_256() -> Iterator[None]:
+    with mock.patch.object(legacy, "BUFFER_ALIGNMENT_BYTES", 256):
+        yield
