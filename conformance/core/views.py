@@ -36,6 +36,7 @@ class DispatchView:
     topk_weights: torch.Tensor  # [N, num_topk] float32
     num_recv_tokens_per_expert: list[int]
     extras: dict[str, Any] = field(default_factory=dict)
+    api: str = ""  # "v1" / "v2": the contract the backend follows (empty: read from a built-in backend's name)
 
 
 @dataclass

@@ -40,6 +40,8 @@ class CheckContext(Protocol):
 
     def record_artifact(self, key: str, value: Any) -> None: ...
 
+    def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
+
 
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
     """The property cannot be checked with the selected backends; reported as ``unsupported`` with the reason."""
@@ -58,6 +60,8 @@ class Property:
             raises ``AssertionError`` on a violation.
         case_type: what the strategy draws (``Example`` or a case type of :mod:`conformance.core.cases`).
         apis: the APIs the property exercises; with no selected backend of these it is not applicable.
+        needs: the capabilities (``conformance.core.spec.CAPABILITIES``) a backend must declare to be checked by
+            the property; a selected backend without them is reported ``unsupported`` for it, with the reason.
     """
 
     id: str
@@ -67,6 +71,7 @@ class Property:
     check: Callable[..., None]
     case_type: type = Example
     apis: tuple[str, ...] = ALL_APIS
+    needs: tuple[str, ...] = ()
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property

@@ -50,6 +50,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P7-cached-dispatch",
     title="cached dispatch equals the first dispatch",
-    strategy=cached_dispatch_examples, task=cached_dispatch, check=check,
+    strategy=cached_dispatch_examples, task=cached_dispatch, check=check, needs=("cached_dispatch",),
 ))
 test_cached_dispatch = PROPERTY.test

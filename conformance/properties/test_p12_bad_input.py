@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_refused_then_usable, by_backend
+from conformance.assertions import about, assert_refused_then_usable, by_backend
 from conformance.core.cases import BadInputCase
 from conformance.oracle.recorded import recorded_errors
 from conformance.properties import CheckContext, Property, register
@@ -38,29 +38,31 @@ def check(ctx: CheckContext, case: BadInputCase, per_rank: list[dict[str, Any]])
     dispatch on the same buffer returns the oracle's receipts."""
     __tracebackhide__ = True
     for backend, results in by_backend(per_rank).items():
-        api = backend.rsplit("-", 1)[1]
-        call = f"{backend} with defect {case.defect} ({case.example.to_json()})"
-        recorded = RECORDED.get((case.defect, api))
-        if recorded is not None:
-            expected_type, expected_message = recorded_errors()[recorded]
-            expected = {"expected_type": expected_type, "expected_message": expected_message}
-        elif case.defect == "v2_combine_hidden_128":
-            expected = {"expected_type": "RuntimeError", "message_prefix": HIDDEN_128_PREFIX}
-        else:
-            expected = {}
-        if case.defect == "v2_cached_dispatch_without_num_experts":
-            ctx.record_divergence(f"{backend}:cached-dispatch-without-num-experts", CACHED_TYPEERROR_DEFECT)
-        assert_refused_then_usable(ctx, case.example, results, refused="raised", after="after", call=call,
-                                   what=f"the rejected {case.defect}", **expected)
-        for rank, got in enumerate(results):
-            if "num_sms" in got and got["num_sms"][0] != got["num_sms"][1]:
-                raise AssertionError(f"Buffer.num_sms[rank {rank}] changed from {got['num_sms'][0]} to "
-                                     f"{got['num_sms'][1]} although set_num_sms raised [{call}]")
+        with about(ctx, backend):
+            api = backend.rsplit("-", 1)[1]
+            call = f"{backend} with defect {case.defect} ({case.example.to_json()})"
+            recorded = RECORDED.get((case.defect, api))
+            if recorded is not None:
+                expected_type, expected_message = recorded_errors()[recorded]
+                expected = {"expected_type": expected_type, "expected_message": expected_message}
+            elif case.defect == "v2_combine_hidden_128":
+                expected = {"expected_type": "RuntimeError", "message_prefix": HIDDEN_128_PREFIX}
+            else:
+                expected = {}
+            if case.defect == "v2_cached_dispatch_without_num_experts":
+                ctx.record_divergence(f"{backend}:cached-dispatch-without-num-experts", CACHED_TYPEERROR_DEFECT)
+            assert_refused_then_usable(ctx, case.example, results, refused="raised", after="after", call=call,
+                                       what=f"the rejected {case.defect}", **expected)
+            for rank, got in enumerate(results):
+                if "num_sms" in got and got["num_sms"][0] != got["num_sms"][1]:
+                    raise AssertionError(f"Buffer.num_sms[rank {rank}] changed from {got['num_sms'][0]} to "
+                                         f"{got['num_sms'][1]} although set_num_sms raised [{call}]")
 
 
 PROPERTY = register(Property(
     id="P12-bad-input",
     title="bad calls raise a clear exception on every rank, nothing hangs, the next valid call is correct",
     strategy=bad_input_cases, task=bad_input_results, check=check, case_type=BadInputCase,
+    needs=("bad_input",),
 ))
 test_bad_input = PROPERTY.test

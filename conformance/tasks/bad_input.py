@@ -74,7 +74,7 @@ def bad_input_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     case: BadInputCase = env.case
     example, inputs = case.example, env.inputs
     out: dict[str, dict[str, Any]] = {}
-    for spec in env.specs():
+    for spec in env.specs(capability="bad_input"):
         if spec.api not in DEFECT_APIS[case.defect]:
             continue
         adapter = get_adapter(spec)
