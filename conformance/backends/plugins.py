@@ -125,8 +125,8 @@ class PluginBackend:
                         *, expert_alignment: int = 1, async_finish: bool = False, previous_event: bool = False
                         ) -> Dispatched:
         """Dispatch this rank's tokens.  ``expert_alignment > 1`` comes only with the capability
-        ``expert_alignment``, ``async_finish`` / ``previous_event`` only with ``events`` (return results that
-        are complete: wait on the event as your code does)."""
+        ``expert_alignment`` (else 1), ``async_finish`` / ``previous_event`` only with ``events`` (return results
+        that are complete: wait on the event as your code does)."""
         raise NotImplementedError
 
     def combine_tokens(self, dispatched: Dispatched, x: torch.Tensor, *, topk_weights: torch.Tensor | None = None,
@@ -176,8 +176,12 @@ class PluginBackend:
             self._require("deterministic", "a deterministic=True dispatch")
         if options.async_finish or options.previous_event:
             self._require("events", "async_finish / previous_event")
-        if example.expert_alignment > 1:
-            self._require("expert_alignment", f"dispatch with expert_alignment={example.expert_alignment}")
+
+    def alignment(self, example: Example) -> int:
+        """The ``expert_alignment`` the wrapper gets: the example's with the capability ``expert_alignment``, else
+        1 (DeepEP's default, what a wrapper that passes none applies; the view says so, and P2 checks its counts
+        against it and lists the example's alignment as not checked)."""
+        return example.expert_alignment if "expert_alignment" in self.capabilities else 1
 
     def _view(self, dispatched: Dispatched, example: Example, rank: int, options: DispatchOptions,
               x: torch.Tensor) -> DispatchView:
@@ -200,6 +204,7 @@ class PluginBackend:
             topk_weights=dispatched.recv_topk_weights.detach().cpu(),
             num_recv_tokens_per_expert=[int(c) for c in dispatched.num_recv_tokens_per_expert],
             extras=dict(dispatched.extras) if "layout" in self.capabilities else {},
+            expert_alignment=self.alignment(example),
         )
 
     @staticmethod
@@ -212,7 +217,7 @@ class PluginBackend:
         """See :class:`~conformance.backends.contract.Backend`."""
         self._check_dispatch(example, options)
         dispatched = self.dispatch_tokens(inputs.x, inputs.topk_idx, inputs.topk_weights, example.num_experts,
-                                          expert_alignment=example.expert_alignment, async_finish=options.async_finish,
+                                          expert_alignment=self.alignment(example), async_finish=options.async_finish,
                                           previous_event=options.previous_event)
         return self._view(dispatched, example, rank, options, inputs.x), self._raw(dispatched)
 

@@ -36,6 +36,7 @@ class Recorder:
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts of the check it cannot take
     failing: list[str] = field(default_factory=list)  # backends the last failing assertion was about
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove (construction preflight)
+    distinct: set[str] = field(default_factory=set)  # the distinct cases checked
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -53,6 +54,7 @@ class Recorder:
             "not_checked": self.not_checked,
             "failing": self.failing,
             "seen": self.seen,
+            "distinct_examples": len(self.distinct),
             "wall_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -136,6 +138,7 @@ class Session:
         self.recorder.examples += 1
         self.recorder.last_example = case
         self.recorder.failing = []
+        self.recorder.distinct.add(case.to_json())
         prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
 
     def run_property(self, prop: Property) -> None:

@@ -89,23 +89,31 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         if recorded["last_example"]:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
-    entry.verdicts = backend_verdicts(entry, recorded.get("failing") or [], config)
+    entry.verdicts = backend_verdicts(entry, recorded.get("failing") or [], config,
+                                      recorded.get("distinct_examples", entry.examples))
     return entry
 
 
-def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig) -> dict[str, dict[str, Any]]:
+def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig, distinct: int
+                     ) -> dict[str, dict[str, Any]]:
     """Each selected backend's verdict on the property: ``status`` (``passed``, ``divergence``, ``failed``,
     ``unsupported``, ``skipped``, or ``inconclusive`` when the property stopped at another backend's failure),
-    ``reason`` for every status but ``passed``, and the parts of the check it could not take (``not_checked``)."""
+    ``reason`` for every status but ``passed``, and the parts of the check it could not take (``not_checked``,
+    with the examples it rejected when it was checked on others).  ``distinct``: distinct examples drawn."""
     out: dict[str, dict[str, Any]] = {}
     for spec in config.backends:
         name = spec.name
+        partial: list[str] = []
+        if name in entry.unsupported:
+            info = entry.unsupported[name]
+            rejected = (f"rejected {info['count']} of {distinct} example(s): {info['call']} raised {info['error']} "
+                        f"(first: {info['example']})")
+            if info["count"] >= distinct:
+                out[name] = {"status": "unsupported", "reason": rejected}
+                continue
+            partial.append(rejected)
         if name in entry.excluded:
             verdict = {"status": "unsupported", "reason": entry.excluded[name]}
-        elif name in entry.unsupported:
-            info = entry.unsupported[name]
-            verdict = {"status": "unsupported", "reason": f"rejected {info['count']} example(s): {info['call']} "
-                                                          f"raised {info['error']}"}
         elif entry.status == "failed":
             if name in failing or not failing:
                 verdict = {"status": "failed", "reason": entry.message}
@@ -116,10 +124,10 @@ def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig
             verdict = {"status": "divergence", "reason": "; ".join(entry.divergences)}
         elif entry.status == "skipped":
             verdict = {"status": "skipped", "reason": entry.message}
-        else:
+        else:  # passed, or unsupported because of another backend's rejections
             verdict = {"status": "passed", "reason": None}
-        if entry.not_checked.get(name):
-            verdict["not_checked"] = entry.not_checked[name]
+        if partial or entry.not_checked.get(name):
+            verdict["not_checked"] = partial + entry.not_checked.get(name, [])
         out[name] = verdict
     return out
 
