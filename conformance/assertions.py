@@ -14,9 +14,10 @@ would bring back the duplicates this module replaced.)
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -128,11 +129,26 @@ def for_each_backend(
             if isinstance(result, Unsupported):
                 recorder.record_unsupported(result, case)
                 continue
-            value = check(rank, backend, result)
+            with about(recorder, backend):
+                value = check(rank, backend, result)
             seen.append((backend, result if value is None else value))
         if pairwise is not None:
             for first, other in zip(seen, seen[1:], strict=False):
-                pairwise(rank, first, other)
+                with about(recorder, first[0], other[0]):
+                    pairwise(rank, first, other)
+
+
+@contextlib.contextmanager
+def about(recorder: Any, *backends: str) -> Iterator[None]:
+    """An assertion failing inside the block is about ``backends`` (the name before a `` [`` suffix): noted on
+    the recorder (``record_failing``, where it has one) for the report's per-backend verdicts."""
+    try:
+        yield
+    except AssertionError:
+        note = getattr(recorder, "record_failing", None)
+        if note is not None:
+            note([b.split(" [", 1)[0] for b in backends])
+        raise
 
 
 def by_backend(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -28,8 +28,8 @@ Token = tuple[int, int]  # (source rank, source token)
 
 
 def api_of(view: DispatchView) -> str:
-    """``v1`` or ``v2``: the API a view's backend drives."""
-    return BackendSpec.parse(view.backend).api
+    """``v1`` or ``v2``: the API contract a view's backend follows."""
+    return view.api or BackendSpec.parse(view.backend).api
 
 
 def token_rows(view: DispatchView) -> dict[Token, int]:

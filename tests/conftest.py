@@ -13,10 +13,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_suite(args: list[str], report_dir: Path, timeout: float = 600) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run ``pytest <args>`` on the suite in a fresh interpreter; return the process and its JSON report."""
+def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_path: tuple[str, ...] = ()
+              ) -> tuple[subprocess.CompletedProcess, dict]:
+    """Run ``pytest <args>`` on the suite in a fresh interpreter; return the process and its JSON report.
+    ``extra_path``: more entries for ``PYTHONPATH`` (after the checkout)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), *extra_path)))
+    env.pop("CONFORMANCE_DEEP_EP", None)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     report_path = report_dir / "conformance.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}

@@ -19,7 +19,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the package", ("conformance",)),  # its __init__ imports nothing
     ("the library model", ("conformance.emulation",)),
     ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors")),
-    ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants")),
+    ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants",
+                   "conformance.integrations")),
     ("controller foundations", ("conformance.oracle", "conformance.strategies", "conformance.canonical",
                                 "conformance.assertions", "conformance.world.launcher")),
     ("properties", ("conformance.properties",)),

@@ -69,11 +69,12 @@ def test_p8_is_not_applicable_without_a_v2_backend_and_says_why() -> None:
     (the reason reaches the report and the repro)."""
     config = RunConfig(WorldShape(1, 2), (BackendSpec("emulated", "v1"),))
     session = Session(config)
-    expected = r"needs a v2 \(ElasticBuffer\) backend; --backends selected only emulated-v1$"
+    expected = r"^P8-expand-layout checks the v2 \(ElasticBuffer\) contract and emulated-v1 follows v1 \(Buffer\)$"
     with pytest.raises(NotApplicable, match=expected):
         session.check(P8, Example(tokens_per_rank=(2, 2), hidden=128, num_topk=1, num_experts=2))
     session.run_property(catalog()[P8])
-    assert "selected only emulated-v1" in session.recorder.not_applicable and session.recorder.examples == 0
+    assert "emulated-v1 follows v1 (Buffer)" in session.recorder.not_applicable and session.recorder.examples == 0
+    assert session.recorder.excluded == {"emulated-v1": session.recorder.not_applicable}
 
 
 def test_p8_strategy_produces_padding_and_multi_slot_tokens() -> None:

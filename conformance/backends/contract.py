@@ -1,9 +1,18 @@
-"""The contract every backend adapter implements (``Buffer``, ``ElasticBuffer``, and later plug-in backends).
+"""The contract every backend implements: the built-in ``Buffer`` / ``ElasticBuffer`` adapters and plug-ins.
 
-An adapter drives one DeepEP-like API inside a rank process, the way integrators call it, and returns
+A backend drives one DeepEP-like API inside a rank process, the way integrators call it, and returns
 canonical views (:class:`~conformance.core.views.DispatchView`) plus the raw results a later combine or cached
-dispatch needs (the handle).  Rank tasks only call the methods below; anything an API lacks is a capability
-it does not declare.
+dispatch needs (the handle).  Rank tasks only call the methods of :class:`Backend`.
+
+What a backend supports is declared, not discovered: ``spec.capabilities`` (see
+:data:`conformance.core.spec.CAPABILITIES`).  A property that needs a capability the backend does not declare
+is reported ``unsupported`` for it before anything runs.  A configuration the backend cannot handle at run
+time is refused by raising :class:`NotSupported` with the reason: the rank task turns it into that backend's
+:class:`~conformance.core.views.Unsupported` result, which the report lists as ``unsupported`` with the
+reason and the example (never a failure, never a silent pass).  Any other exception is a failure.
+
+Plug-ins usually subclass :class:`conformance.backends.plugins.PluginBackend`, which implements this
+protocol on top of a smaller, integrator-shaped one.
 """
 
 from __future__ import annotations
@@ -18,7 +27,13 @@ from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
 
 #: ``raw``: what dispatch returns besides the view (the handle, received tensors), passed back to combine.
+#: Every backend puts ``recv_x`` and ``recv_topk_weights`` (the received rows, as dispatch returned them) in it.
 Raw = dict[str, Any]
+
+
+class NotSupported(Exception):  # noqa: N818 - an outcome, not an error
+    """Raised by a backend for a configuration it cannot handle (e.g. a wrapper without ``expert_alignment``):
+    reported as ``unsupported`` for that backend and example, with this message as the reason."""
 
 
 @runtime_checkable
@@ -26,24 +41,47 @@ class Backend(Protocol):
     """One backend in one rank process."""
 
     spec: BackendSpec
-    api: str  # "v1" or "v2": which properties apply (e.g. expand mode and the QP cap are V2's)
+    api: str  # "v1" or "v2": the API contract the backend follows (e.g. expand mode and the QP cap are V2's)
 
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int
-                 ) -> tuple[DispatchView, Raw]: ...
+                 ) -> tuple[DispatchView, Raw]:
+        """Dispatch this rank's ``inputs`` of ``example`` (``options``: async, previous_event, expand, ...)."""
+        ...
 
     def combine(self, raw: Raw, x: torch.Tensor, topk_weights: torch.Tensor | None = None,
                 bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None, async_finish: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Combine expert outputs ``x`` (rows as received) back to their source tokens (capability ``combine``)."""
+        ...
 
-    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor: ...
+    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        """Dispatch ``x`` through the handle in ``raw`` (capability ``cached_dispatch``)."""
+        ...
 
-    def describe_combine(self, example: Example, rank: int) -> str: ...
+    def fused_dispatch(self, inputs: RankInputs, example: Example, rank: int, x: torch.Tensor,
+                       topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Raw, DispatchView]:
+        """Differentiable dispatch of ``x`` / ``topk_weights`` (leaves with ``requires_grad``): ``(recv_x,
+        recv_topk_weights, raw, view)``; backward = combine of the gradients (capability ``autograd``)."""
+        ...
 
-    def destroy(self) -> None: ...
+    def fused_combine(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        """Differentiable combine of ``x``; backward = cached dispatch of the gradient (capability ``autograd``)."""
+        ...
+
+    def describe_combine(self, example: Example, rank: int) -> str:
+        """The combine call, as failure messages show it."""
+        ...
+
+    def destroy(self) -> None:
+        """Release the buffers (before the process group goes away)."""
+        ...
 
 
 class AdapterBase:
-    """What every adapter holds: its backend, the deep_ep-like module, the process group, the node count."""
+    """What the built-in adapters hold: their backend, the deep_ep-like module, the process group, the node count.
+
+    The autograd methods use the suite's own Megatron-shaped wrappers (:mod:`conformance.backends.autograd`).
+    """
 
     api = ""
 
@@ -52,3 +90,35 @@ class AdapterBase:
         self.module = module
         self.group = group
         self.num_nodes = num_nodes
+
+    def fused_dispatch(self, inputs: RankInputs, example: Example, rank: int, x: torch.Tensor,
+                       topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Raw, DispatchView]:
+        """``FusedDispatch`` over this adapter (see :class:`Backend`)."""
+        from conformance.backends.autograd import FusedDispatch
+
+        keep = _KeepView(self)
+        state: dict[str, Any] = {}
+        recv_x, recv_w = FusedDispatch.apply(x, topk_weights, keep, inputs.topk_idx, example, rank, state)
+        assert keep.view is not None
+        return recv_x, recv_w, state["raw"], keep.view
+
+    def fused_combine(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        """``FusedCombine`` over this adapter (see :class:`Backend`)."""
+        from conformance.backends.autograd import FusedCombine
+
+        return FusedCombine.apply(x, self, raw)
+
+
+class _KeepView:
+    """Forwards to an adapter and keeps the view of its last dispatch (``FusedDispatch`` drops it)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+        self.view: DispatchView | None = None
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> tuple[DispatchView, Raw]:
+        self.view, raw = self.adapter.dispatch(*args, **kwargs)
+        return self.view, raw
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.adapter, name)

@@ -90,6 +90,7 @@ class ElasticAdapter(AdapterBase):
         stride = handle.num_max_tokens_per_rank
         view = DispatchView(
             backend=self.spec.name,
+            api=self.api,
             call=self.describe_dispatch(example, rank, options),
             src_rank=source // stride,
             src_token=source % stride,

@@ -1,8 +1,9 @@
-"""Rank-side construction of adapters (one per backend per rank process, destroyed at shutdown)."""
+"""Rank-side construction of backends (one per backend per rank process, destroyed at shutdown)."""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from conformance.backends.elastic import ElasticAdapter
@@ -15,11 +16,33 @@ MODULES = {"real": "deep_ep", "emulated": "conformance.emulation"}
 ADAPTERS = {"v1": LegacyAdapter, "v2": ElasticAdapter}
 
 
+def library_module(spec: BackendSpec) -> str | None:
+    """The deep_ep-like module ``spec`` drives (a plug-in: ``deep_ep`` as resolved in this process, if it uses it)."""
+    if spec.plugin:
+        return "deep_ep" if spec.deep_ep else None
+    return MODULES[spec.impl]
+
+
+def trace_library(spec: BackendSpec) -> None:
+    """Trace the library calls of ``spec``'s module (once per class), so a crash inside it is named."""
+    module = library_module(spec)
+    if module is None:
+        return
+    if spec.plugin and module not in sys.modules:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return  # the plug-in's own construction will say why
+    trace_classes(importlib.import_module(module), spec.impl)
+
+
 def get_adapter(spec: BackendSpec) -> Any:
-    """The adapter for ``spec`` in this rank process (built on first use)."""
+    """The backend for ``spec`` in this rank process (built on first use)."""
 
     def build() -> Any:
         ctx = context()
+        if spec.plugin:
+            return _build_plugin(spec, ctx)
         module = importlib.import_module(MODULES[spec.impl])
         trace_classes(module, spec.impl)
         adapter = ADAPTERS[spec.api](spec, module, ctx.group, ctx.num_nodes)
@@ -27,3 +50,30 @@ def get_adapter(spec: BackendSpec) -> Any:
         return adapter
 
     return cached(("adapter", spec), build)
+
+
+def _build_plugin(spec: BackendSpec, ctx: Any) -> Any:
+    from conformance.backends.alias import describe
+    from conformance.backends.plugins import PluginEnv, build
+
+    trace_library(spec)
+    seen = describe()
+    env = PluginEnv(name=spec.name, rank=ctx.rank, world_size=ctx.world_size, num_nodes=ctx.num_nodes,
+                    group=ctx.group, device=ctx.torch_device(), deep_ep=sys.modules.get("deep_ep"),
+                    deep_ep_kind=seen["kind"])
+    backend = build(spec, env)
+    on_shutdown(backend.destroy)
+    return backend
+
+
+def seen_deep_ep(spec: BackendSpec) -> dict[str, Any]:
+    """Which deep_ep ``spec``'s backend drives in this process: ``kind``, ``version``, ``file`` (the report's)."""
+    from conformance.backends.alias import describe
+
+    if spec.plugin:
+        if not spec.deep_ep:
+            return {"kind": None, "version": None, "file": None}
+        return describe()
+    module = sys.modules.get(MODULES[spec.impl])
+    return {"kind": "real" if spec.impl == "real" else "emulation", "version": getattr(module, "__version__", None),
+            "file": getattr(module, "__file__", None)}

@@ -86,6 +86,7 @@ class LegacyAdapter(AdapterBase):
             src_rank, src_token = decode_identity(ident_rows.cpu())
         view = DispatchView(
             backend=self.spec.name,
+            api=self.api,
             call=self.describe_dispatch(example, rank),
             src_rank=src_rank,
             src_token=src_token,

@@ -1,34 +1,110 @@
-"""Naming and selecting backends: ``{emulated,real}-{v1,v2}``."""
+"""Naming and selecting backends: the built-in ``{emulated,real}-{v1,v2}`` and plug-ins.
+
+A plug-in is an integrator's own dispatch/combine (Megatron-Core's ``fused_a2a``, a serving stack's wrapper)
+checked like the built-in adapters.  ``--backends`` names it as ``package.module:factory`` or by the name of an
+entry point in the group :data:`ENTRY_POINT_GROUP`; the controller imports it once (in a subprocess, see
+:mod:`conformance.backends.plugins`) to read what it declares: the API contract it follows (``v1`` or ``v2``)
+and its :data:`CAPABILITIES`.  The resolved :class:`BackendSpec` travels to the ranks whole (pickled), where
+the factory is imported again and called.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 APIS = {"v1": "Buffer", "v2": "ElasticBuffer"}
 IMPLS = ("emulated", "real")
+#: ``impl`` of a plug-in backend.
+PLUGIN = "plugin"
+#: The entry-point group an installed package registers its plug-in backends in.
+ENTRY_POINT_GROUP = "deepep_conformance.backends"
+
+#: What a backend can declare.  A property that needs a capability the backend lacks is reported
+#: ``unsupported`` for that backend, with the reason; an optional part of a check it lacks is listed under
+#: ``not_checked`` in the report.  Never a failure, never a silent pass.
+CAPABILITIES: dict[str, str] = {
+    "combine": "combine(expert outputs, handle): the rows go back to their source tokens, summed (P5, P6)",
+    "combine_weights": "combine takes topk_weights and returns the combined weights (P5, P9, P10)",
+    "combine_bias": "combine adds one or two bias tensors (P5 cases with num_bias > 0)",
+    "expert_alignment": "dispatch honours expert_alignment > 1 (examples drawn with it)",
+    "cached_dispatch": "a dispatch through the handle of an earlier one: same layout, new payload (P7, P9)",
+    "autograd": "differentiable dispatch / combine: backward = combine / cached dispatch (P9)",
+    "events": "async_finish with a wait, and previous_event ordering after prior compute (P10)",
+    "layout": "the API's layout outputs in DispatchView.extras: V1 get_dispatch_layout, V2 handle prefix sums (P2)",
+    "expand": "V2 do_expand=True layout (P8)",
+    "deterministic": "V2 deterministic=True buffers (P13)",
+    "qp_cap": "V2 QP budget, SM reuse and the pinned num_max_tokens_per_rank (P11)",
+    "bad_input": "bad calls made on the library's buffer directly: refused on every rank, buffer still usable (P12)",
+    "api_surface": "the deep_ep module's own API surface against the snapshot (P14)",
+}
+#: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
+BUILTIN_ONLY = frozenset({"qp_cap", "bad_input", "api_surface"})
+#: What a plug-in may declare.
+PLUGIN_CAPABILITIES: dict[str, str] = {name: text for name, text in CAPABILITIES.items() if name not in BUILTIN_ONLY}
+_COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch",
+                     "autograd", "events", "layout", "bad_input", "api_surface"})
+#: What the built-in adapters declare.
+BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
+    "v1": _COMMON,
+    "v2": _COMMON | {"expand", "deterministic", "qp_cap"},
+}
+#: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
+DEEP_EP_KINDS = ("real", "emulation")
 
 
 @dataclass(frozen=True)
 class BackendSpec:
-    """One backend: an API (``v1`` = ``deep_ep.Buffer``, ``v2`` = ``deep_ep.ElasticBuffer``) of one implementation."""
+    """One backend: an API (``v1`` = ``deep_ep.Buffer``, ``v2`` = ``deep_ep.ElasticBuffer``) of one implementation.
 
-    impl: str  # "emulated" | "real"
+    Built-in: ``impl`` is ``emulated`` or ``real``.  Plug-in: ``impl`` is :data:`PLUGIN`, ``target`` is what
+    ``--backends`` named (``pkg.mod:factory`` or an entry-point name), ``api`` the API contract it declares it
+    follows, ``capabilities`` what it declares it supports, ``deep_ep`` which deep_ep it sees in the ranks
+    (``real``, ``emulation``, or ``None`` when it does not use deep_ep).
+    """
+
+    impl: str  # "emulated" | "real" | "plugin"
     api: str  # "v1" | "v2"
+    target: str | None = None
+    declared: frozenset[str] | None = field(default=None, compare=False)
+    description: str = field(default="", compare=False)
+    deep_ep: str | None = field(default=None, compare=False)
+    source: str = field(default="", compare=False)  # plug-in: where the factory was found (module:attr)
 
     @property
     def name(self) -> str:
-        """``impl-api``, e.g. ``emulated-v2``."""
-        return f"{self.impl}-{self.api}"
+        """``impl-api`` (e.g. ``emulated-v2``), or a plug-in's target as given to ``--backends``."""
+        return self.target if self.impl == PLUGIN and self.target else f"{self.impl}-{self.api}"
+
+    @property
+    def plugin(self) -> bool:
+        """Whether this is a plug-in backend."""
+        return self.impl == PLUGIN
 
     @property
     def real(self) -> bool:
-        """Whether this is the real ``deep_ep``."""
-        return self.impl == "real"
+        """Whether this backend runs on the real ``deep_ep`` (a plug-in: when the deep_ep it sees is real)."""
+        return self.impl == "real" or (self.plugin and self.deep_ep == "real")
 
     @property
     def class_name(self) -> str:
-        """The deep_ep class this backend drives."""
+        """The deep_ep class whose contract this backend follows."""
         return APIS[self.api]
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        """What this backend supports (declared by a plug-in; every capability of its API for a built-in)."""
+        if self.plugin:
+            return self.declared or frozenset()
+        return BUILTIN_CAPABILITIES[self.api]
+
+    def has(self, capability: str) -> bool:
+        """Whether the backend declares ``capability``."""
+        return capability in self.capabilities
+
+    def lacks(self, needs: Iterable[str]) -> list[str]:
+        """The capabilities of ``needs`` this backend does not declare."""
+        return [need for need in needs if need not in self.capabilities]
 
     @classmethod
     def parse(cls, text: str) -> BackendSpec:
@@ -38,17 +114,47 @@ class BackendSpec:
             raise ValueError(
                 f"unknown backend {text!r}: expected one of "
                 + ", ".join(f"{i}-{a}" for i in IMPLS for a in APIS)
-                + " (or 'auto', 'emulated', 'real')"
+                + " (or 'auto', 'emulated', 'real'), a plug-in 'package.module:factory', or the name of an "
+                f"installed plug-in (entry-point group {ENTRY_POINT_GROUP})"
             )
         return cls(impl, api)
+
+
+def unresolved_plugin(target: str) -> BackendSpec:
+    """A plug-in spec before its declaration is read (``api`` empty)."""
+    return BackendSpec(PLUGIN, "", target=target)
+
+
+def resolve_plugin(spec: BackendSpec, declaration: Mapping[str, object], deep_ep: str | None) -> BackendSpec:
+    """``spec`` with what the plug-in declared (``api``, ``capabilities``, ``description``, ``uses_deep_ep``)."""
+    uses = bool(declaration.get("uses_deep_ep", True))
+    return replace(spec, api=str(declaration["api"]), declared=frozenset(declaration.get("capabilities") or ()),
+                   description=str(declaration.get("description") or ""), deep_ep=deep_ep if uses else None,
+                   source=str(declaration.get("source") or spec.target))
+
+
+def installed_plugins() -> dict[str, str]:
+    """``{name: "module:attr"}`` of the plug-ins installed packages register (entry points; nothing imported)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def is_plugin_name(text: str, installed: Mapping[str, str] | None = None) -> bool:
+    """Whether ``text`` names a plug-in: ``module:attr``, or an installed entry point's name."""
+    text = text.strip()
+    if ":" in text:
+        return True
+    return text in (installed if installed is not None else installed_plugins())
 
 
 def parse_backends(option: str, real_available: bool) -> list[BackendSpec]:
     """Resolve the ``--backends`` option.
 
     ``auto``: both real APIs when the real ``deep_ep`` is usable here, else both emulated ones.
-    ``emulated`` / ``real``: both APIs of that implementation.  Otherwise a comma-separated list of names.
-    Raises ``ValueError`` naming the option and the allowed values.
+    ``emulated`` / ``real``: both APIs of that implementation.  Otherwise a comma-separated list of names;
+    plug-ins come back unresolved (see :func:`resolve_plugin`).  Raises ``ValueError`` naming the option and
+    the allowed values.
     """
     option = option.strip()
     if option == "auto":
@@ -56,14 +162,40 @@ def parse_backends(option: str, real_available: bool) -> list[BackendSpec]:
     if option in IMPLS:
         specs = [BackendSpec(option, api) for api in APIS]
     else:
-        specs = [BackendSpec.parse(part) for part in option.split(",") if part.strip()]
+        installed: dict[str, str] | None = None
+        specs = []
+        for part in (p.strip() for p in option.split(",")):
+            if not part:
+                continue
+            impl, _, api = part.partition("-")
+            if impl in IMPLS and api in APIS:
+                specs.append(BackendSpec(impl, api))
+                continue
+            if installed is None:
+                installed = installed_plugins()
+            if is_plugin_name(part, installed):
+                specs.append(unresolved_plugin(part))
+                continue
+            error = str(_parse_error(part))
+            if installed:
+                error += f"; installed plug-ins: {', '.join(sorted(installed))}"
+            raise ValueError(error)
     if not specs:
         raise ValueError("--backends selected no backend")
-    if len(set(specs)) != len(specs):
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
         raise ValueError(f"--backends names a backend twice: {option!r}")
     return specs
 
 
+def _parse_error(part: str) -> ValueError:
+    try:
+        BackendSpec.parse(part)
+    except ValueError as exc:
+        return exc
+    return ValueError(f"unknown backend {part!r}")  # pragma: no cover - parse accepted what the caller refused
+
+
 def wants_real(option: str) -> bool:
-    """Whether ``--backends`` explicitly asks for a real backend (``auto`` does not insist)."""
-    return any(part.strip().startswith("real") for part in option.split(","))
+    """Whether ``--backends`` explicitly asks for a real built-in backend (``auto`` does not insist)."""
+    return any(part.strip() == "real" or part.strip().startswith("real-") for part in option.split(","))

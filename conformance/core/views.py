@@ -36,6 +36,9 @@ class DispatchView:
     topk_weights: torch.Tensor  # [N, num_topk] float32
     num_recv_tokens_per_expert: list[int]
     extras: dict[str, Any] = field(default_factory=dict)
+    api: str = ""  # "v1" / "v2": the contract the backend follows (empty: read from a built-in backend's name)
+    #: The expert_alignment the backend applied, when not the example's (a wrapper that takes none applies 1).
+    expert_alignment: int | None = None
 
 
 @dataclass

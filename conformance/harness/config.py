@@ -27,6 +27,11 @@ class RunConfig:
     notes: tuple[str, ...] = ()
     #: What the import probe of the real ``deep_ep`` found (``importable``, ``version``, ``error``, ...).
     deep_ep_probe: dict = field(default_factory=dict)
+    #: What ``import deep_ep`` gives in the ranks (``--deep-ep`` resolved): ``real``, ``emulation``, or ``None``
+    #: (no alias).
+    deep_ep: str | None = None
+    #: What each plug-in declared (its probe, by target), for the report and the xdist workers.
+    plugin_probes: dict = field(default_factory=dict)
 
     @property
     def world_size(self) -> int:
@@ -39,6 +44,8 @@ class RunConfig:
             f"--nodes {self.shape.nodes} --ranks-per-node {self.shape.ranks_per_node} "
             f"--backends {','.join(b.name for b in self.backends)} --device {self.device}"
         )
+        if self.deep_ep:
+            args += f" --deep-ep {self.deep_ep}"
         if self.mutant:
             args += f" --mutant {self.mutant}"
         return args

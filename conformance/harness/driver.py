@@ -31,11 +31,12 @@ def run_property(session: Any, prop: Property) -> None:
     recorder = session.recorder
     property_id = recorder.property_id = prop.id
     try:
-        task_settings = session.settings_for(prop)
+        task_settings = session.settings_for(prop)  # (not ``settings``: that is Hypothesis' decorator below)
     except NotApplicable as reason:
         recorder.not_applicable = str(reason)
         return
-    broken = {name: cause for name, cause in session.broken_backends().items() if name in task_settings.backends}
+    broken = {name: cause for name, cause in session.broken_backends().items() if name in task_settings.names}
+    recorder.seen = {name: seen for name, seen in session.seen.items() if name in task_settings.names}
     if broken:
         recorder.cause = {"kind": "construction", "broken": broken}
         pytest.fail(

@@ -9,14 +9,18 @@ is wrong and how to fix it: an impossible set-up never starts a world.
 
 from __future__ import annotations
 
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 DEFAULT_MAX_EXAMPLES = 25
 #: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
 GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICES = ("auto", "cpu", "cuda")
+DEEP_EP_MODES = ("emulation", "real", "auto")
+#: Environment variable giving ``--deep-ep`` its default (and naming the resolved mode for the ranks).
+DEEP_EP_ENV = "CONFORMANCE_DEEP_EP"
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ OPTIONS: tuple[Option, ...] = (
            "or the API surface changed", str, None, "FILE"),
     Option("--mutant", "plant a registered defect in the emulation (self-tests; see docs/mutation.md)", str, None,
            "NAME"),
+    Option("--deep-ep", "what 'import deep_ep' gives in the rank processes, for plug-in backends and other "
+           "third-party code: emulation (conformance.emulation under the name deep_ep), real, or auto (the real "
+           "library where it imports and the ranks have GPUs, else the emulation); default: no alias "
+           "(environment variable CONFORMANCE_DEEP_EP)", str, None, "MODE", DEEP_EP_MODES),
+    Option("--write-baseline", "also write this run's conformance.json to FILE, for a later --baseline (refused "
+           "for a partial run unless --allow-partial)", str, None, "FILE"),
 )
 DEFAULTS = {option.dest: option.default for option in OPTIONS}
 #: Flags without a value.
@@ -78,6 +88,7 @@ class Machine:
 
     gpus: tuple[str, ...]
     deep_ep: dict[str, Any]  # probe result of the real deep_ep (``importable``, ``error``, ``version``, ...)
+    plugins: dict[str, dict[str, Any]] = field(default_factory=dict)  # target -> declaration probe (when known)
 
 
 def option_values(option: Any) -> dict[str, Any]:
@@ -104,6 +115,47 @@ def detect_machine(real_asked: bool) -> Machine:
     return Machine(gpus, probe_in_subprocess("deep_ep"))
 
 
+def deep_ep_option(values: dict[str, Any]) -> str | None:
+    """``--deep-ep``, or the environment's :data:`DEEP_EP_ENV` when the option is not given (``None``: no alias)."""
+    mode = values.get("deep_ep") or os.environ.get(DEEP_EP_ENV, "").strip() or None
+    if mode is not None and mode not in DEEP_EP_MODES:
+        raise SetupError(f"--deep-ep (or {DEEP_EP_ENV}) must be one of {', '.join(DEEP_EP_MODES)}, got {mode!r}")
+    return mode
+
+
+def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, real_deep_ep: dict[str, Any]
+                    ) -> tuple[list[Any], list[str]]:
+    """Read every plug-in's declaration (probed in a subprocess, with deep_ep resolved as on the ranks) and
+    resolve its spec; :class:`SetupError` for a plug-in that does not import or declares nothing valid.
+    Returns the specs and notes for the report header."""
+    from conformance.backends.plugins import probe_in_subprocess
+    from conformance.core.spec import resolve_plugin
+
+    out, notes = [], []
+    for spec in specs:
+        if not spec.plugin:
+            out.append(spec)
+            continue
+        found = machine.plugins.get(spec.target)
+        if found is None:
+            found = machine.plugins[spec.target] = probe_in_subprocess(spec.target, deep_ep)
+        if not found.get("importable"):
+            hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
+            raise SetupError(f"--backends {spec.target}: the plug-in does not load: {found.get('error')}{hint}")
+        kind = deep_ep if deep_ep else ("real" if real_deep_ep.get("importable") else None)
+        if found.get("uses_deep_ep", True) and kind is None:
+            raise SetupError(f"--backends {spec.target}: the plug-in uses deep_ep, which does not import here "
+                             f"({real_deep_ep.get('error')}); pass --deep-ep emulation (or auto) to run it on "
+                             f"conformance.emulation")
+        resolved = resolve_plugin(spec, found, kind)
+        out.append(resolved)
+        notes.append(f"plug-in {resolved.name} ({resolved.source}): follows the {resolved.api} ({resolved.class_name}) "
+                     f"contract, declares {', '.join(sorted(resolved.capabilities)) or 'no capability'}"
+                     + (f"; deep_ep = {'the real library' if kind == 'real' else 'conformance.emulation'}"
+                        if resolved.deep_ep else "; does not use deep_ep"))
+    return out, notes
+
+
 def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:
     """The :class:`~conformance.config.RunConfig` of ``option``; :class:`SetupError` if the run cannot work."""
     from conformance.core.spec import parse_backends, wants_real
@@ -125,14 +177,24 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     shape = WorldShape(v["nodes"], v["ranks_per_node"])
+    deep_ep = deep_ep_option(v)
     real_asked = wants_real(v["backends"])
-    if real_asked and shape.size < 2:
+    if real_asked and deep_ep == "emulation":
+        raise SetupError(f"--backends {v['backends']} with --deep-ep emulation: the ranks' deep_ep would be the "
+                         f"emulation, so a real backend cannot run; drop --deep-ep or use --backends emulated")
+    if (real_asked or deep_ep == "real") and shape.size < 2:
         raise SetupError(
-            f"--backends {v['backends']}: the real DeepEP needs at least 2 ranks (it asserts 'Unsupported number of "
-            f"EP ranks: 1'), and this world has {shape.size}; use --ranks-per-node 2 (or --nodes 2)"
+            f"{'--backends ' + v['backends'] if real_asked else '--deep-ep real'}: the real DeepEP needs at least 2 "
+            f"ranks (it asserts 'Unsupported number of EP ranks: 1'), and this world has {shape.size}; use "
+            f"--ranks-per-node 2 (or --nodes 2)"
         )
+    plugins_named = bool(named) and any(spec.plugin for spec in named)
     if machine is None:
-        machine = detect_machine(real_asked)
+        machine = detect_machine(real_asked or deep_ep == "real")
+        if (deep_ep or plugins_named) and machine.deep_ep.get("error", "").startswith("not probed"):
+            from conformance.core.probe import probe_in_subprocess
+
+            machine = replace(machine, deep_ep=probe_in_subprocess("deep_ep"))
     gpus = machine.gpus
     notes: list[str] = []
     if v["device"] == "cuda" and not gpus:
@@ -144,6 +206,12 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     if real_asked and not machine.deep_ep.get("importable"):
         raise SetupError(f"--backends {v['backends']}: the real deep_ep does not import here: "
                          f"{machine.deep_ep.get('error')}")
+    if deep_ep == "real" and not gpus:
+        raise SetupError("--deep-ep real: the real DeepEP runs on CUDA GPUs and none is visible here; use --deep-ep "
+                         "emulation (or auto)")
+    if deep_ep == "real" and not machine.deep_ep.get("importable"):
+        raise SetupError(f"--deep-ep real: the real deep_ep does not import here: {machine.deep_ep.get('error')}")
+    real_asked = real_asked or deep_ep == "real"
     needed = shape.size * max(1, workers)
     enough_gpus = len(gpus) >= needed
     if v["device"] == "cuda" or real_asked:
@@ -163,13 +231,29 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             notes.append(f"--device auto chose cpu: {len(gpus)} GPU(s) for {needed} rank(s)")
     else:
         device = "cpu"
+    real_usable = device == "cuda" and shape.size >= 2 and bool(machine.deep_ep.get("importable"))
+    if deep_ep == "auto":
+        deep_ep = "real" if real_usable else "emulation"
+        notes.append(f"--deep-ep auto chose {'the real deep_ep' if real_usable else 'conformance.emulation'}"
+                     + ("" if real_usable else f" (the real one is not usable: "
+                        f"{machine.deep_ep.get('error') or 'it needs a CUDA world of at least 2 ranks'})"))
+    if deep_ep == "emulation":
+        if named is not None and any(spec.impl == "real" for spec in named):
+            raise SetupError(f"--backends {v['backends']} with --deep-ep auto: the ranks' deep_ep is the emulation "
+                             f"here, so a real backend cannot run")
+        if machine.deep_ep.get("importable"):
+            notes.append(f"deep_ep resolves to conformance.emulation in the ranks although a real deep_ep "
+                         f"({machine.deep_ep.get('version') or 'installed'}) imports here: --deep-ep "
+                         f"{v.get('deep_ep') or 'from ' + DEEP_EP_ENV} shadows it")
     if named is None:  # auto
-        usable = device == "cuda" and shape.size >= 2 and bool(machine.deep_ep.get("importable"))
+        usable = real_usable and deep_ep != "emulation"
         named = parse_backends("real" if usable else "emulated", real_available=usable)
         if not usable:
             why = machine.deep_ep.get("error") if not machine.deep_ep.get("importable") else (
                 "it needs a CUDA world of at least 2 ranks")
             notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
+    named, plugin_notes = resolve_plugins(list(named), machine, deep_ep, machine.deep_ep)
+    notes += plugin_notes
     if v["mutant"] is not None:
         from conformance.mutants import load_catalog
 
@@ -180,6 +264,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
                              f"no emulated backend")
     gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size]) if device == "cuda" else ()
+    rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
+    rank_env[DEEP_EP_ENV] = deep_ep or ""  # resolved here; the ranks never see "auto" (nor an inherited value)
     seed = v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32)
     return RunConfig(
         shape=shape,
@@ -188,10 +274,12 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         example_timeout_s=v["example_timeout"],
         mutant=v["mutant"],
         gpu_ids=gpu_ids,
-        rank_env=dict(GPU_RANK_ENV) if device == "cuda" else {},
+        rank_env=rank_env,
         max_examples=v["max_examples"],
         seed=seed,
         max_restarts=v["max_restarts"],
         notes=tuple(notes),
         deep_ep_probe=dict(machine.deep_ep),
+        deep_ep=deep_ep,
+        plugin_probes={spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
     )

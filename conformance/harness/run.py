@@ -55,7 +55,7 @@ class ConformanceRun:
         from types import SimpleNamespace
 
         values = {**vars(option), **resolved["options"]}
-        machine = Machine(tuple(resolved["gpus"]), {"importable": True})
+        machine = Machine(tuple(resolved["gpus"]), {"importable": True}, dict(resolved.get("plugins") or {}))
         index = int(workerinput.get("workerid", "gw0").removeprefix("gw"))
         return build_run_config(SimpleNamespace(**values), machine, worker=index, workers=resolved["workers"])
 
@@ -79,7 +79,8 @@ class ConformanceRun:
         run = self.run
         node.workerinput[WORKER_INPUT] = {
             "options": {"backends": ",".join(b.name for b in run.backends), "device": run.device,
-                        "conformance_seed": run.seed},
+                        "conformance_seed": run.seed, "deep_ep": run.deep_ep},
+            "plugins": run.plugin_probes,
             "gpus": list(_gpus_for_workers(run)),
             "workers": getattr(self.config.option, "numprocesses", 1) or 1,
         }
@@ -87,7 +88,7 @@ class ConformanceRun:
     # ------------------------------------------------------------------------------------------ header
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         run = self.run
-        kinds = ", ".join(f"{b.name} ({'real' if b.real else 'emulated'})" for b in run.backends)
+        kinds = ", ".join(f"{b.name} ({describe_kind(b)})" for b in run.backends)
         lines = [f"conformance: backends {kinds}; world {run.shape.nodes} node(s) x {run.shape.ranks_per_node} "
                  f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"]
         return lines + [f"conformance: {note}" for note in run.notes]
@@ -144,8 +145,9 @@ class ConformanceRun:
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
                                    baseline=self.baseline, interrupted=interrupted,
-                                   allow_partial=bool(self.config.option.allow_partial))
-        if self.document.get("gate_failed") and session.exitstatus == 0:
+                                   allow_partial=bool(self.config.option.allow_partial),
+                                   write_baseline=option_values(self.config.option)["write_baseline"])
+        if (self.document.get("gate_failed") or self.document.get("baseline_refused")) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -163,6 +165,14 @@ class ConformanceRun:
         terminalreporter.section("DeepEP conformance summary", sep="-")
         for line, style in summary_lines(document):
             terminalreporter.write_line(line, **style)
+
+
+def describe_kind(spec: Any) -> str:
+    """``real`` / ``emulated``, or for a plug-in ``plug-in v1 on real deep_ep`` (what it wraps)."""
+    if not spec.plugin:
+        return "real" if spec.real else "emulated"
+    on = {"real": "on the real deep_ep", "emulation": "on conformance.emulation", None: "without deep_ep"}
+    return f"plug-in, {spec.api} contract, {on[spec.deep_ep]}"
 
 
 def _gpus_for_workers(run: Any) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.core.example import Example
+from conformance.core.spec import CAPABILITIES
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import FaultBudget, cause_of
@@ -31,6 +32,11 @@ class Recorder:
     rejected: dict[str, set[str]] = field(default_factory=dict)  # backend -> examples it rejected
     cause: dict[str, Any] | None = None  # why the property failed when a crash or hang stopped it
     not_applicable: str | None = None  # why the property could not be checked with the selected backends
+    excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
+    not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts of the check it cannot take
+    failing: list[str] = field(default_factory=list)  # backends the last failing assertion was about
+    seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove (construction preflight)
+    distinct: set[str] = field(default_factory=set)  # the distinct cases checked
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -44,6 +50,11 @@ class Recorder:
             "artifacts": self.artifacts,
             "cause": self.cause,
             "not_applicable": self.not_applicable,
+            "excluded": self.excluded,
+            "not_checked": self.not_checked,
+            "failing": self.failing,
+            "seen": self.seen,
+            "distinct_examples": len(self.distinct),
             "wall_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -58,6 +69,7 @@ class Session:
         self.budget = FaultBudget(config.max_restarts)
         self._world: World | None = None
         self._broken: dict[str | None, dict[str, dict[str, Any]]] = {}  # mutant -> backend -> cause
+        self.seen: dict[str, Any] = {}  # backend -> which deep_ep it drove on rank 0 (construction preflight)
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -88,20 +100,34 @@ class Session:
         """The world's shape (nodes x ranks per node)."""
         return self.config.shape
 
-    def settings_for(self, prop: Property) -> TaskSettings:
-        """The task settings of ``prop``: the selected backends of the APIs it exercises, the planted mutant.
+    def excluded(self, prop: Property) -> dict[str, str]:
+        """The selected backends ``prop`` does not apply to, with the reason (another API, a missing capability)."""
+        out: dict[str, str] = {}
+        apis = " or ".join(f"{api} ({'ElasticBuffer' if api == 'v2' else 'Buffer'})" for api in prop.apis)
+        for b in self.config.backends:
+            if b.api not in prop.apis:
+                out[b.name] = f"{prop.id} checks the {apis} contract and {b.name} follows {b.api} ({b.class_name})"
+            elif b.lacks(prop.needs):
+                missing = b.lacks(prop.needs)
+                out[b.name] = (f"{b.name} does not declare the capabilit{'ies' if len(missing) > 1 else 'y'} "
+                               + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {prop.id} needs")
+        return out
 
-        Raises :class:`NotApplicable` when no selected backend drives one of those APIs."""
-        names = tuple(b.name for b in self.config.backends if b.api in prop.apis)
-        if not names:
-            selected = ", ".join(b.name for b in self.config.backends)
-            apis = " or ".join(f"{api} ({'ElasticBuffer' if api == 'v2' else 'Buffer'})" for api in prop.apis)
-            raise NotApplicable(f"{prop.id} needs a {apis} backend; --backends selected only {selected}")
-        return TaskSettings(names, self.mutant)
+    def settings_for(self, prop: Property) -> TaskSettings:
+        """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
+        it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.
+
+        Raises :class:`NotApplicable` when no selected backend is left."""
+        excluded = self.excluded(prop)
+        specs = tuple(b for b in self.config.backends if b.name not in excluded)
+        self.recorder.excluded = dict(excluded)
+        if not specs:
+            raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")
+        return TaskSettings(specs, self.mutant)
 
     def run(self, task: Callable[..., Any], case: Any, settings: TaskSettings | None = None) -> list[Any]:
         """Run the rank ``task`` on ``case`` with the per-example timeout; per-rank results."""
-        settings = settings or TaskSettings(tuple(b.name for b in self.config.backends), self.mutant)
+        settings = settings or TaskSettings(tuple(self.config.backends), self.mutant)
         return self.world.run(task, settings, case, timeout=self.config.example_timeout_s)
 
     def check(self, property_id: str, case: Any) -> None:
@@ -111,6 +137,8 @@ class Session:
         self.recorder.property_id = property_id
         self.recorder.examples += 1
         self.recorder.last_example = case
+        self.recorder.failing = []
+        self.recorder.distinct.add(case.to_json())
         prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
 
     def run_property(self, prop: Property) -> None:
@@ -131,7 +159,8 @@ class Session:
             broken: dict[str, dict[str, Any]] = {}
             for backend in self.config.backends:
                 try:
-                    self.run(construct, example, TaskSettings((backend.name,), self.mutant))
+                    built = self.run(construct, example, TaskSettings((backend,), self.mutant))
+                    self.seen[backend.name] = built[0]["deep_ep"]
                 except RankFailure as failure:
                     self.budget.run_restarts += 1
                     broken[backend.name] = cause_of(failure, backend.name)
@@ -156,6 +185,17 @@ class Session:
     def record_artifact(self, key: str, value: Any) -> None:
         """Attach a JSON-able artifact (e.g. an API-surface snapshot) to the property's report entry."""
         self.recorder.artifacts[key] = value
+
+    def record_not_checked(self, backend: str, what: str) -> None:
+        """Remember a part of the check that ``backend`` cannot take (it lacks the capability): listed under
+        ``not_checked`` in the report, with the backend's verdict."""
+        reasons = self.recorder.not_checked.setdefault(backend, [])
+        if what not in reasons:
+            reasons.append(what)
+
+    def record_failing(self, backends: list[str]) -> None:
+        """Remember which backend(s) the failing assertion was about (the report's per-backend verdicts)."""
+        self.recorder.failing = list(backends)
 
     def record_divergence(self, key: str, message: str) -> None:
         """Remember a documented behavioural divergence (reported as ``divergence``, not a failure)."""

@@ -40,6 +40,8 @@ class CheckContext(Protocol):
 
     def record_artifact(self, key: str, value: Any) -> None: ...
 
+    def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
+
 
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
     """The property cannot be checked with the selected backends; reported as ``unsupported`` with the reason."""
@@ -61,6 +63,8 @@ class Property:
         apis: the APIs the property exercises; with no selected backend of these it is not applicable.
         explicit: ``world shape -> [case, ...]`` checked first on every run, before the drawn ones (a sweep that
             must not be left to chance, such as every row of a table).
+        needs: the capabilities (``conformance.core.spec.CAPABILITIES``) a backend must declare to be checked by
+            the property; a selected backend without them is reported ``unsupported`` for it, with the reason.
     """
 
     id: str
@@ -71,6 +75,7 @@ class Property:
     case_type: type = Example
     apis: tuple[str, ...] = ALL_APIS
     explicit: Callable[[Any], list[Any]] | None = None
+    needs: tuple[str, ...] = ()
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property

@@ -41,6 +41,9 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
         else:
             assert_within_bound(result.combined_x, expected[rank], two_level=two_level, name="combined_x", rank=rank,
                                 call=result.call)
+        if result.not_checked:
+            ctx.record_not_checked(backend, result.not_checked)
+            return
         if result.combined_topk_weights is None:
             raise AssertionError(f"combined_topk_weights[rank {rank}] is None though topk_weights were passed "
                                  f"[{result.call}]")
@@ -54,8 +57,9 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
         else:
             assert_close_across(b.combined_x, a.combined_x, expected[rank], two_level=two_level, name="combined_x",
                                 rank=rank, call=b.call, against=name)
-        assert_bytes_equal(b.combined_topk_weights, a.combined_topk_weights, name="combined_topk_weights", rank=rank,
-                           call=b.call, labels=("token", "slot"), against=name)
+        if not (a.not_checked or b.not_checked):
+            assert_bytes_equal(b.combined_topk_weights, a.combined_topk_weights, name="combined_topk_weights",
+                               rank=rank, call=b.call, labels=("token", "slot"), against=name)
 
     for_each_backend(ctx, example, per_rank, against_oracle, pairwise)
 
@@ -64,6 +68,6 @@ PROPERTY = register(Property(
     id="P5-combine",
     title="combine = sum over receiving ranks (+ bias), byte-exact with exactly-summable payloads, bounded error "
           "otherwise",
-    strategy=sized(combine_cases), task=combine_outputs, check=check, case_type=CombineCase,
+    strategy=sized(combine_cases), task=combine_outputs, check=check, case_type=CombineCase, needs=("combine",),
 ))
 test_combine = PROPERTY.test

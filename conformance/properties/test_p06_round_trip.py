@@ -62,6 +62,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P6-round-trip",
     title="combine(dispatch(x)) with identity experts = x x (number of ranks the token reached)",
-    strategy=sized(round_trip_examples), task=round_trip, check=check,
+    strategy=sized(round_trip_examples), task=round_trip, check=check, needs=("combine",),
 ))
 test_round_trip = PROPERTY.test

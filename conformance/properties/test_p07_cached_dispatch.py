@@ -51,6 +51,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P7-cached-dispatch",
     title="cached dispatch equals the first dispatch",
-    strategy=sized(cached_dispatch_examples), task=cached_dispatch, check=check,
+    strategy=sized(cached_dispatch_examples), task=cached_dispatch, check=check, needs=("cached_dispatch",),
 ))
 test_cached_dispatch = PROPERTY.test

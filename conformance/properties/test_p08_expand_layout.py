@@ -129,6 +129,6 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P8-expand-layout",
     title="V2 expand layout: contiguous per expert, alignment padding, prefix sums, folds back to non-expand",
-    strategy=sized(alignment_examples), task=expand_views, check=check, apis=("v2",),
+    strategy=sized(alignment_examples), task=expand_views, check=check, apis=("v2",), needs=("expand",),
 ))
 test_expand_layout = PROPERTY.test

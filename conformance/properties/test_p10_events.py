@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.assertions import (
+    about,
     assert_bytes_equal,
     assert_refused_then_usable,
     assert_view_matches_oracle,
@@ -29,35 +30,45 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     rejects ``previous_event`` without ``allocate_on_comm_stream`` on every rank, staying usable."""
     __tracebackhide__ = True
     for backend, results in by_backend(per_rank).items():
-        for rank, got in enumerate(results):
-            sync = assert_view_matches_oracle(ctx, example, rank, got["sync"])
-            if sync is None:
-                continue
-            assert_views_equal(got["async_wait"], sync, rank=rank, what="async + event.current_stream_wait()")
-            assert_view_matches_oracle(ctx, example, rank, got["previous_event"],
-                                       after="a compute that wrote x, waited through previous_event")
-            combine = got.get("combine")
-            if isinstance(combine, Unsupported):
-                ctx.record_unsupported(combine, example)
-            elif "combine_sync" in got:
-                call = f"{backend} combine(recv_x, handle, topk_weights, async) waited by `with event:` on rank {rank}"
-                for index, name in enumerate(("combined_x", "combined_topk_weights")):
-                    assert_bytes_equal(got["combine_with"][index], got["combine_sync"][index], name=name, rank=rank,
-                                       call=call, against="the synchronous combine")
-        if "refusal" in results[0]:
-            expected_type, expected_message = recorded_errors()[REFUSAL]
-            assert_refused_then_usable(
-                ctx, example, results, refused="refusal", after="after_refusal",
-                call=f"{backend} ElasticBuffer.dispatch(..., previous_event=capture(), allocate_on_comm_stream=False)",
-                what="the refused previous_event dispatch", expected_type=expected_type,
-                expected_message=expected_message,
-            )
+        with about(ctx, backend):
+            check_backend(ctx, example, backend, results)
+
+
+def check_backend(ctx: CheckContext, example: Example, backend: str, results: list[dict[str, Any]]) -> None:
+    """The checks of one backend (see :func:`check`)."""
+    __tracebackhide__ = True
+    for rank, got in enumerate(results):
+        sync = assert_view_matches_oracle(ctx, example, rank, got["sync"])
+        if sync is None:
+            continue
+        assert_views_equal(got["async_wait"], sync, rank=rank, what="async + event.current_stream_wait()")
+        assert_view_matches_oracle(ctx, example, rank, got["previous_event"],
+                                   after="a compute that wrote x, waited through previous_event")
+        combine = got.get("combine")
+        if isinstance(combine, Unsupported):
+            ctx.record_unsupported(combine, example)
+        elif "combine_sync" not in got:
+            ctx.record_not_checked(backend, "async combine waited on = synchronous combine: the backend does not "
+                                            "declare the capability 'combine'")
+        else:
+            call = f"{backend} combine(recv_x, handle, topk_weights, async) waited by `with event:` on rank {rank}"
+            for index, name in enumerate(("combined_x", "combined_topk_weights")):
+                assert_bytes_equal(got["combine_with"][index], got["combine_sync"][index], name=name, rank=rank,
+                                   call=call, against="the synchronous combine")
+    if "refusal" in results[0]:
+        expected_type, expected_message = recorded_errors()[REFUSAL]
+        assert_refused_then_usable(
+            ctx, example, results, refused="refusal", after="after_refusal",
+            call=f"{backend} ElasticBuffer.dispatch(..., previous_event=capture(), allocate_on_comm_stream=False)",
+            what="the refused previous_event dispatch", expected_type=expected_type,
+            expected_message=expected_message,
+        )
 
 
 PROPERTY = register(Property(
     id="P10-events",
     title="async + wait = sync; previous_event orders communication; V2 refuses it without "
           "allocate_on_comm_stream=True; EventOverlap waits on exit",
-    strategy=sized(small_examples), task=event_results, check=check,
+    strategy=sized(small_examples), task=event_results, check=check, needs=("events",),
 ))
 test_events = PROPERTY.test

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_raised_everywhere, assert_view_matches_oracle
+from conformance.assertions import about, assert_raised_everywhere, assert_view_matches_oracle
 from conformance.core.cases import BadCallCase, p12_rows
 from conformance.emulation import _refusals
 from conformance.properties import CheckContext, Property, register
@@ -36,17 +36,19 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
         for backend in per_rank[0]["rows"][row_id]:
             got = [ranks["rows"][row_id][backend] for ranks in per_rank]
             where = f"{backend}: {row['call']} with {row['condition']} [refusal {row_id}, {row['source']}]"
-            assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
-                                     message_pattern=_refusals.message_pattern(row_id))
-            for rank, g in enumerate(got):
-                if g["neighbour"].type is not None:
-                    raise AssertionError(f"rank {rank} raised {g['neighbour']} on the valid neighbour of {row_id} "
-                                         f"(recipe {row['neighbour']}, the closest valid call) [{where}]")
+            with about(ctx, backend):
+                assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
+                                         message_pattern=_refusals.message_pattern(row_id))
+                for rank, g in enumerate(got):
+                    if g["neighbour"].type is not None:
+                        raise AssertionError(f"rank {rank} raised {g['neighbour']} on the valid neighbour of "
+                                             f"{row_id} (recipe {row['neighbour']}, the closest valid call) [{where}]")
             if row_id == CACHED_TYPEERROR_ROW:
                 ctx.record_divergence(f"{backend}:cached-dispatch-without-num-experts", CACHED_TYPEERROR_DEFECT)
     for rank, ranks in enumerate(per_rank):
-        for view in ranks["after"].values():
-            assert_view_matches_oracle(ctx, case.example, rank, view, after=f"the refused calls {list(case.rows)}")
+        for backend, view in ranks["after"].items():
+            with about(ctx, backend):
+                assert_view_matches_oracle(ctx, case.example, rank, view, after=f"the refused calls {list(case.rows)}")
 
 
 PROPERTY = register(Property(
@@ -54,5 +56,6 @@ PROPERTY = register(Property(
     title="bad calls (one per refusal of the library, from the refusal table) raise the library's exception on "
           "every rank, nothing hangs, the valid neighbour passes, the next valid call is correct",
     strategy=bad_call_cases, task=bad_call_results, check=check, case_type=BadCallCase, explicit=bad_call_sweep,
+    needs=("bad_input",),
 ))
 test_bad_input = PROPERTY.test

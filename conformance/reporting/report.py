@@ -47,6 +47,10 @@ class PropertyEntry:
     artifacts: dict[str, Any] = field(default_factory=dict)
     cause: dict[str, Any] | None = None  # a crash, hang or broken construction that stopped the property
     not_applicable: str | None = None  # why no selected backend could check the property
+    excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
+    not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts it could not take
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> {status, reason, not_checked}
+    seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove in the ranks
 
 
 def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
@@ -76,13 +80,56 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         artifacts=recorded.get("artifacts", {}),
         cause=recorded.get("cause"),
         not_applicable=recorded.get("not_applicable"),
+        excluded=recorded.get("excluded") or {},
+        not_checked=recorded.get("not_checked") or {},
+        seen=recorded.get("seen") or {},
     )
     if report.failed:
         entry.message = _failure_message(report)
         if recorded["last_example"]:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
+    entry.verdicts = backend_verdicts(entry, recorded.get("failing") or [], config,
+                                      recorded.get("distinct_examples", entry.examples))
     return entry
+
+
+def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig, distinct: int
+                     ) -> dict[str, dict[str, Any]]:
+    """Each selected backend's verdict on the property: ``status`` (``passed``, ``divergence``, ``failed``,
+    ``unsupported``, ``skipped``, or ``inconclusive`` when the property stopped at another backend's failure),
+    ``reason`` for every status but ``passed``, and the parts of the check it could not take (``not_checked``,
+    with the examples it rejected when it was checked on others).  ``distinct``: distinct examples drawn."""
+    out: dict[str, dict[str, Any]] = {}
+    for spec in config.backends:
+        name = spec.name
+        partial: list[str] = []
+        if name in entry.unsupported:
+            info = entry.unsupported[name]
+            rejected = (f"rejected {info['count']} of {distinct} example(s): {info['call']} raised {info['error']} "
+                        f"(first: {info['example']})")
+            if info["count"] >= distinct:
+                out[name] = {"status": "unsupported", "reason": rejected}
+                continue
+            partial.append(rejected)
+        if name in entry.excluded:
+            verdict = {"status": "unsupported", "reason": entry.excluded[name]}
+        elif entry.status == "failed":
+            if name in failing or not failing:
+                verdict = {"status": "failed", "reason": entry.message}
+            else:
+                verdict = {"status": "inconclusive",
+                           "reason": f"the property stopped at a failure of {', '.join(failing)}"}
+        elif entry.status == "divergence":
+            verdict = {"status": "divergence", "reason": "; ".join(entry.divergences)}
+        elif entry.status == "skipped":
+            verdict = {"status": "skipped", "reason": entry.message}
+        else:  # passed, or unsupported because of another backend's rejections
+            verdict = {"status": "passed", "reason": None}
+        if partial or entry.not_checked.get(name):
+            verdict["not_checked"] = partial + entry.not_checked.get(name, [])
+        out[name] = verdict
+    return out
 
 
 def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dict[str, Any]:
@@ -92,11 +139,28 @@ def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dic
     reject any of them handled the configurations this one refused.
     """
     marked = {}
+    specs = {b.name: b for b in config.backends}
     for backend, info in unsupported.items():
-        api = backend.rsplit("-", 1)[-1]
-        accepted_by = [b.name for b in config.backends if b.api != api and b.name not in unsupported]
+        spec = specs.get(backend)
+        if spec is not None and spec.plugin:  # a wrapper's own limit: which backends took those configurations
+            accepted_by = [b.name for b in config.backends if b.name != backend and b.name not in unsupported]
+            marked[backend] = {**info, "accepted_by": accepted_by, "capability_regression": False}
+            continue
+        api = spec.api if spec is not None else backend.rsplit("-", 1)[-1]
+        accepted_by = [b.name for b in config.backends if b.api != api and not b.plugin and b.name not in unsupported]
         marked[backend] = {**info, "accepted_by": accepted_by, "capability_regression": bool(accepted_by)}
     return marked
+
+
+def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
+    """One backend in the report's environment: its API, whether it is real, the module it drives; for a plug-in
+    also where it comes from, what it declares and which deep_ep it sees."""
+    if not spec.plugin:
+        return {"name": spec.name, "api": spec.class_name, "real": spec.real,
+                "module": "deep_ep" if spec.real else "conformance.emulation"}
+    module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
+    return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "plugin": spec.source,
+            "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep}
 
 
 def _failure_message(report: Any) -> str:
@@ -115,11 +179,8 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "python": platform.python_version(),
         "platform": platform.platform(),
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
-        "backends": [
-            {"name": b.name, "api": b.class_name, "real": b.real,
-             "module": "deep_ep" if b.real else "conformance.emulation"}
-            for b in config.backends
-        ],
+        "backends": [backend_entry(b, config) for b in config.backends],
+        "deep_ep_alias": config.deep_ep,
         "probes": probes,
         "nodes": config.shape.nodes,
         "ranks_per_node": config.shape.ranks_per_node,
@@ -235,13 +296,19 @@ def finish_run(
     baseline: dict[str, Any] | None = None,
     interrupted: bool = False,
     allow_partial: bool = False,
+    write_baseline: str | None = None,
 ) -> dict[str, Any]:
-    """Build, gate and write the run's report (controller, end of the session)."""
+    """Build, gate and write the run's report (controller, end of the session); with ``write_baseline``, copy it
+    there for a later ``--baseline`` (a complete run only, unless ``allow_partial``)."""
     from conformance.core.probe import probe_module
     from conformance.properties import catalog
 
     probes = {"deep_ep": config.deep_ep_probe or None, "conformance.emulation": probe_module("conformance.emulation")}
     env = environment(config, probes, config.seed)
+    for backend in env["backends"]:  # which deep_ep the backend drove in the ranks (construction preflight)
+        seen = next((e.seen[backend["name"]] for e in entries if backend["name"] in e.seen), None)
+        if seen is not None:
+            backend["deep_ep_seen"] = seen
     document = build_document(env, entries, wall_s, list(catalog()), interrupted=interrupted)
     if baseline is not None:
         gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
@@ -251,6 +318,16 @@ def finish_run(
         document["gate"] = gate
     write_reports(report_dir, document)
     document["gate_failed"] = bool(baseline is not None and document["gate"]["regressions"])
+    if write_baseline:
+        if document["complete"] or allow_partial:
+            import shutil
+
+            os.makedirs(os.path.dirname(os.path.abspath(write_baseline)), exist_ok=True)
+            shutil.copyfile(document["path"], write_baseline)
+            document["baseline_written"] = write_baseline
+        else:
+            document["baseline_refused"] = (f"--write-baseline {write_baseline}: not written, this run is partial "
+                                            f"({document['incomplete_reason']}); pass --allow-partial to write it")
     return document
 
 
@@ -269,11 +346,48 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
             lines.append((f"GATE REGRESSION {line}", {"red": True}))
         lines.append((f"version gate: {len(gate['regressions'])} regression(s), {len(gate['improvements'])} "
                       f"improvement(s)", {"red": bool(gate["regressions"])}))
+    if document.get("baseline_written"):
+        lines.append((f"baseline written: {document['baseline_written']}", {}))
+    if document.get("baseline_refused"):
+        lines.append((document["baseline_refused"], {"red": True}))
     if document.get("kept_complete_report"):
         lines.append((f"partial report written beside the complete one ({document['kept_complete_report']}, kept)",
                       {"yellow": True}))
     lines.append((f"conformance report: {document['path']}", {}))
     return lines
+
+
+def _kind(backend: dict[str, Any]) -> str:
+    if "plugin" not in backend:
+        return "real" if backend["real"] else "emulated"
+    on = {"real": "real deep_ep", "emulation": "conformance.emulation as deep_ep"}.get(backend.get("deep_ep"),
+                                                                                        "no deep_ep")
+    return f"plug-in {backend['plugin']}, {backend['api']} contract, on {on}"
+
+
+def _verdict_table(document: dict[str, Any]) -> list[str]:
+    """Per property and backend: the backend's verdict, and every non-pass with its reason."""
+    names = [b["name"] for b in document["environment"]["backends"]]
+    if not names:
+        return []
+    lines = ["", "## Verdicts per backend", "", "| property | " + " | ".join(f"`{n}`" for n in names) + " |",
+             "|---|" + "---|" * len(names)]
+    notes = []
+    for p in document["properties"]:
+        cells = []
+        for name in names:
+            verdict = p.get("verdicts", {}).get(name)
+            if verdict is None:
+                cells.append(p["status"] if p["status"] == "not-run" else "")
+                continue
+            cell = verdict["status"] + (" (partial)" if verdict.get("not_checked") else "")
+            cells.append(cell)
+            if verdict["status"] != "passed" and verdict.get("reason"):
+                notes.append(f"- {p['id']} on `{name}`: **{verdict['status']}**: {verdict['reason'][:600]}")
+            for part in verdict.get("not_checked", []):
+                notes.append(f"- {p['id']} on `{name}`: not checked: {part}")
+        lines.append(f"| {p['id']} | " + " | ".join(cells) + " |")
+    return lines + ([""] + notes if notes else [])
 
 
 def markdown(document: dict[str, Any]) -> str:
@@ -282,7 +396,7 @@ def markdown(document: dict[str, Any]) -> str:
     top = [f"**{line}**" for line in document.get("headline", [])]
     if document.get("complete") is False:
         top.append(f"**Partial run: {document['incomplete_reason']}.** Not run: {', '.join(document['not_run'])}.")
-    backends = ", ".join(f"{b['name']} ({'real' if b['real'] else 'emulated'})" for b in env["backends"])
+    backends = ", ".join(f"{b['name']} ({_kind(b)})" for b in env["backends"])
     lines = [
         "# DeepEP conformance report",
         "",
@@ -299,6 +413,7 @@ def markdown(document: dict[str, Any]) -> str:
     ]
     for p in document["properties"]:
         lines.append(f"| {p['id']} | `{p['test'].split('::')[-1]}` | {p['status']} | {p['examples']} |")
+    lines += _verdict_table(document)
     for p in document["properties"]:
         if p["status"] == "failed":
             lines += ["", f"## FAILED {p['id']} (`{p['test']}`)", "", "```", p["message"] or "", "```"]

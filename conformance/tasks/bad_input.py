@@ -32,7 +32,7 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
         row = _refusals.rows()[row_id]
         done_impls: set[str] = set()
         per_backend = rows.setdefault(row_id, {})
-        for spec in env.specs():
+        for spec in env.specs(capability="bad_input"):
             if row["api"] == "utils" and spec.impl not in done_impls:
                 done_impls.add(spec.impl)
             elif spec.api != row["api"]:

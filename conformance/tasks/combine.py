@@ -9,12 +9,11 @@ gradients) come from :mod:`conformance.core.example`, where the oracle builds th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from conformance.backends.autograd import FusedCombine, FusedDispatch
 from conformance.core.cases import CombineCase
 from conformance.core.example import (
     bias_argument,
@@ -38,6 +37,7 @@ class CombineResult:
     call: str
     combined_x: torch.Tensor  # [T, hidden] bf16
     combined_topk_weights: torch.Tensor | None  # [T, num_topk] float32
+    not_checked: str | None = None  # a part the backend cannot take (e.g. no combine_weights): not passed
 
 
 @dataclass
@@ -61,11 +61,12 @@ class GradResult:
     src_token: torch.Tensor  # [N] int64
     grad_x: torch.Tensor  # [T, hidden] bf16: x.grad through FusedDispatch
     grad_weights: torch.Tensor  # [T, num_topk] float32: topk_weights.grad through FusedDispatch
-    direct_x: torch.Tensor  # combine(row grads) called directly
-    direct_weights: torch.Tensor
+    direct_x: torch.Tensor | None  # combine(row grads) called directly (None: the backend cannot combine)
+    direct_weights: torch.Tensor | None  # (None: the backend's combine takes no topk_weights)
     grad_rows: torch.Tensor  # [N, hidden] bf16: grad of the expert outputs through FusedCombine
-    direct_rows: torch.Tensor  # cached dispatch of the upstream grad called directly
+    direct_rows: torch.Tensor | None  # cached dispatch of the upstream grad called directly
     unmasked_weights: torch.Tensor | None = None  # combine of weight grads NOT zeroed at non-local slots
+    not_checked: list[str] = field(default_factory=list)  # comparisons the backend's capabilities do not allow
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -92,8 +93,12 @@ def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
         _, raw = dispatched
         expert_x = (raw["recv_x"].float() * scale).to(torch.bfloat16)
         expert_w = raw["recv_topk_weights"].float() * torch.tensor(scale, dtype=torch.float32, device=env.device)
-        x, w = adapter.combine(raw, expert_x, topk_weights=expert_w, bias=bias_argument(biases))
-        return CombineResult(adapter.describe_combine(example, env.rank), x.cpu(), None if w is None else w.cpu())
+        with_weights = adapter.spec.has("combine_weights")
+        x, w = adapter.combine(raw, expert_x, topk_weights=expert_w if with_weights else None,
+                               bias=bias_argument(biases))
+        return CombineResult(adapter.describe_combine(example, env.rank), x.cpu(), None if w is None else w.cpu(),
+                             None if with_weights else "combined_topk_weights: the backend does not declare the "
+                             "capability 'combine_weights' (combine was called without topk_weights)")
 
     return env.then_each_backend(_dispatched(env), "combine", then)
 
@@ -126,21 +131,6 @@ def cached_dispatch(env: RankEnv) -> dict[str, CachedResult | Unsupported]:
     return env.each_backend("dispatch", run)
 
 
-class _KeepView:
-    """Forwards to an adapter and keeps the view of its last dispatch (``FusedDispatch`` drops it)."""
-
-    def __init__(self, adapter: Any) -> None:
-        self.adapter = adapter
-        self.view: DispatchView | None = None
-
-    def dispatch(self, *args: Any, **kwargs: Any) -> tuple[DispatchView, dict[str, Any]]:
-        self.view, raw = self.adapter.dispatch(*args, **kwargs)
-        return self.view, raw
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.adapter, name)
-
-
 @rank_task
 def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
     """Backward through ``FusedDispatch`` (upstream grads of ``recv_x`` / ``recv_topk_weights`` per received row,
@@ -153,15 +143,13 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
     upstream_y = upstream_combined_grad(example, rank).to(device)
 
     def forward(adapter: Any) -> dict[str, Any]:
-        keep = _KeepView(adapter)
         x = inputs.x.clone().requires_grad_(True)
         w = inputs.topk_weights.clone().requires_grad_(True)
-        state: dict[str, Any] = {}
-        recv_x, recv_w = FusedDispatch.apply(x, w, keep, inputs.topk_idx, example, rank, state)
-        return {"keep": keep, "x": x, "w": w, "recv_x": recv_x, "recv_w": recv_w, "raw": state["raw"]}
+        recv_x, recv_w, raw, view = adapter.fused_dispatch(inputs, example, rank, x, w)
+        return {"view": view, "x": x, "w": w, "recv_x": recv_x, "recv_w": recv_w, "raw": raw}
 
     def backward(adapter: Any, fwd: dict[str, Any]) -> GradResult:
-        keep, view, raw = fwd["keep"], fwd["keep"].view, fwd["raw"]
+        view, raw, spec = fwd["view"], fwd["raw"], adapter.spec
         rows = list(zip(view.src_rank.tolist(), view.src_token.tolist(), strict=True))
         gx = torch.stack([tables[s][0][t] for s, t in rows]) if rows else torch.zeros(0, example.hidden).bfloat16()
         gw = (
@@ -171,20 +159,37 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
         )
         gx, gw = gx.to(device).contiguous(), gw.to(device).contiguous()
         torch.autograd.backward([fwd["recv_x"], fwd["recv_w"]], [gx, gw])
-        direct_x, direct_w = adapter.combine(raw, gx, topk_weights=gw)
-        unmasked = torch.stack([tables[s][1][t] for s, t in rows]) if rows else torch.zeros(0, example.num_topk)
-        unmasked_w = adapter.combine(raw, gx, topk_weights=unmasked.to(device).contiguous())[1]
+        not_checked = []
+        direct_w = unmasked_w = None
+        if spec.has("combine_weights"):
+            direct_x, direct_w = adapter.combine(raw, gx, topk_weights=gw)
+            unmasked = torch.stack([tables[s][1][t] for s, t in rows]) if rows else torch.zeros(0, example.num_topk)
+            unmasked_w = adapter.combine(raw, gx, topk_weights=unmasked.to(device).contiguous())[1]
+        elif spec.has("combine"):
+            direct_x = adapter.combine(raw, gx)[0]
+            not_checked.append("topk_weights.grad against a direct combine of the weight gradients: the backend does "
+                               "not declare the capability 'combine_weights'")
+        else:
+            direct_x = None
+            not_checked.append("x.grad against a direct combine: the backend does not declare the capability "
+                               "'combine'")
 
         expert_out = raw["recv_x"].detach().clone().requires_grad_(True)
-        FusedCombine.apply(expert_out, keep, raw).backward(upstream_y)
-        direct_rows = adapter.cached_dispatch(raw, upstream_y.contiguous())
+        adapter.fused_combine(raw, expert_out).backward(upstream_y)
+        if spec.has("cached_dispatch"):
+            direct_rows = adapter.cached_dispatch(raw, upstream_y.contiguous()).cpu()
+        else:
+            direct_rows = None
+            not_checked.append("expert_output.grad against a direct cached dispatch: the backend does not declare the "
+                               "capability 'cached_dispatch'")
         call = (
-            f"FusedDispatch/FusedCombine over {view.call}; backward = {adapter.describe_combine(example, rank)} "
-            f"/ cached dispatch"
+            f"{'own autograd of ' + spec.name if spec.plugin else 'FusedDispatch/FusedCombine'} over {view.call}; "
+            f"backward = {adapter.describe_combine(example, rank)} / cached dispatch"
         )
         return GradResult(
-            call, view.src_rank, view.src_token, fwd["x"].grad.cpu(), fwd["w"].grad.cpu(), direct_x.cpu(),
-            direct_w.cpu(), expert_out.grad.cpu(), direct_rows.cpu(), unmasked_w.cpu(),
+            call, view.src_rank, view.src_token, fwd["x"].grad.cpu(), fwd["w"].grad.cpu(),
+            None if direct_x is None else direct_x.cpu(), None if direct_w is None else direct_w.cpu(),
+            expert_out.grad.cpu(), direct_rows, None if unmasked_w is None else unmasked_w.cpu(), not_checked,
         )
 
     return env.then_each_backend(env.each_backend("dispatch", forward), "combine", backward)

@@ -26,21 +26,24 @@ def dispatch_views(env: RankEnv) -> dict[str, DispatchView | Unsupported]:
 
 @rank_task
 def expand_views(env: RankEnv) -> dict[str, tuple[DispatchView, DispatchView] | Unsupported]:
-    """Per V2 backend: ``(view of do_expand=True, view of do_expand=False)`` of this rank's inputs."""
+    """Per V2 backend with expand mode: ``(view of do_expand=True, view of do_expand=False)`` of this rank's
+    inputs."""
     expand = DispatchOptions(do_expand=True)
     return env.each_backend("dispatch", lambda adapter: (dispatch_view(env, adapter, expand),
-                                                         dispatch_view(env, adapter)), api="v2")
+                                                         dispatch_view(env, adapter)), api="v2",
+                            capability="expand")
 
 
 @rank_task
 def repeated_views(env: RankEnv, repeats: int = 2) -> dict[str, list[DispatchView] | Unsupported]:
     """``repeats`` identical dispatches per backend, default options; V2 backends also with
-    ``deterministic=True`` (keyed ``"<backend> [deterministic]"``)."""
+    ``deterministic=True`` where they declare it (keyed ``"<backend> [deterministic]"``)."""
 
     def runs(options: DispatchOptions) -> Any:
         return lambda adapter: [dispatch_view(env, adapter, options) for _ in range(repeats)]
 
     out = env.each_backend("dispatch", runs(DispatchOptions()))
-    deterministic = env.each_backend("dispatch", runs(DispatchOptions(deterministic=True)), api="v2")
+    deterministic = env.each_backend("dispatch", runs(DispatchOptions(deterministic=True)), api="v2",
+                                     capability="deterministic")
     out.update((name + DETERMINISTIC, result) for name, result in deterministic.items())
     return out

@@ -10,16 +10,15 @@ task.  Tasks return plain data (views, tensors, :class:`~conformance.core.views.
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from conformance.backends.factory import MODULES, get_adapter
+from conformance.backends.contract import NotSupported
+from conformance.backends.factory import get_adapter, trace_library
 from conformance.backends.limits import known_limit
-from conformance.backends.tracing import trace_classes
 from conformance.core.cases import example_of
 from conformance.core.example import Example, RankInputs, build_rank_inputs
 from conformance.core.spec import BackendSpec
@@ -30,10 +29,16 @@ from conformance.world.rank import RankContext, context
 
 @dataclass(frozen=True)
 class TaskSettings:
-    """What every task needs besides the case: the backends to drive and the planted mutant, if any."""
+    """What every task needs besides the case: the backends to drive (resolved specs: a plug-in's declaration
+    travels with it) and the planted mutant, if any."""
 
-    backends: tuple[str, ...]
+    backends: tuple[BackendSpec, ...]
     mutant: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The backends' names."""
+        return tuple(spec.name for spec in self.backends)
 
 
 class RankEnv:
@@ -58,23 +63,28 @@ class RankEnv:
             self._inputs = build_rank_inputs(self.example, self.rank).to(self.device)
         return self._inputs
 
-    def specs(self, api: str | None = None) -> Iterator[BackendSpec]:
-        """The selected backends (of ``api`` only, if given)."""
-        for name in self.settings.backends:
-            spec = BackendSpec.parse(name)
-            if api is None or spec.api == api:
+    def specs(self, api: str | None = None, capability: str | None = None) -> Iterator[BackendSpec]:
+        """The selected backends (of ``api`` only, and declaring ``capability`` only, if given)."""
+        for spec in self.settings.backends:
+            if (api is None or spec.api == api) and (capability is None or spec.has(capability)):
                 yield spec
+
+    def spec(self, name: str) -> BackendSpec:
+        """The selected backend called ``name``."""
+        return next(spec for spec in self.settings.backends if spec.name == name)
 
     def adapters(self, api: str | None = None) -> Iterator[tuple[str, Any]]:
         """``(backend name, adapter)`` for every selected backend (of ``api`` only, if given)."""
         for spec in self.specs(api):
             yield spec.name, get_adapter(spec)
 
-    def each_backend(self, operation: str, call: Callable[[Any], Any], api: str | None = None) -> dict[str, Any]:
-        """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``) becomes that
-        backend's :class:`Unsupported` result, any other propagates (a failure of the property)."""
+    def each_backend(self, operation: str, call: Callable[[Any], Any], api: str | None = None,
+                     capability: str | None = None) -> dict[str, Any]:
+        """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``), or a
+        backend's :class:`~conformance.backends.contract.NotSupported`, becomes that backend's :class:`Unsupported`
+        result; any other propagates (a failure of the property)."""
         out: dict[str, Any] = {}
-        for spec in self.specs(api):
+        for spec in self.specs(api, capability):
             out[spec.name] = self._call(spec, operation, call)
         return out
 
@@ -83,7 +93,7 @@ class RankEnv:
         """A second stage per backend: ``call(adapter, first[backend])``; an :class:`Unsupported` first stage stays."""
         out: dict[str, Any] = {}
         for name, result in first.items():
-            spec = BackendSpec.parse(name)
+            spec = self.spec(name.split(" [", 1)[0])
             out[name] = result if isinstance(result, Unsupported) else self._call(
                 spec, operation, lambda adapter, r=result: call(adapter, r))
         return out
@@ -91,6 +101,8 @@ class RankEnv:
     def _call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any]) -> Any:
         try:
             return call(get_adapter(spec))
+        except NotSupported as exc:
+            return Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
         except Exception as exc:
             if self.example is None or known_limit(spec.api, operation, self.example) is None:
                 raise
@@ -102,8 +114,8 @@ def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any
 
     @functools.wraps(fn)
     def task(settings: TaskSettings, case: Any) -> Any:
-        for impl in sorted({BackendSpec.parse(name).impl for name in settings.backends}):
-            trace_classes(importlib.import_module(MODULES[impl]), impl)  # before a mutant patches the classes
+        for spec in settings.backends:
+            trace_library(spec)  # before a mutant patches the classes
         env = RankEnv(settings, case, context())
         with activate(settings.mutant):
             return fn(env)

@@ -59,8 +59,13 @@ def _dispatch_after_compute(adapter: Any, inputs: RankInputs, example: Example, 
 
 
 def _combine_with_block(adapter: Any, raw: dict[str, Any], async_flag: bool) -> tuple[torch.Tensor, Any]:
-    """Combine the received rows back (identity experts); async results are waited on by ``with event:``."""
+    """Combine the received rows back (identity experts); async results are waited on by ``with event:`` (a
+    plug-in waits the way its own code does, inside its combine)."""
     x, weights = raw["recv_x"], raw["recv_topk_weights"]
+    if adapter.spec.plugin:
+        combined, combined_w = adapter.combine(raw, x, topk_weights=weights if adapter.spec.has("combine_weights")
+                                               else None, async_finish=async_flag)
+        return combined.cpu().clone(), None if combined_w is None else combined_w.cpu().clone()
     if adapter.api == "v1":
         combined, combined_w, event = adapter.buffer.combine(x, raw["handle"], topk_weights=weights,
                                                              async_finish=async_flag)
@@ -102,7 +107,7 @@ def event_results(env: RankEnv) -> dict[str, dict[str, Any]]:
         finish_all(device)
         result["previous_event"] = _dispatch_after_compute(adapter, inputs, example, rank)
         finish_all(device)
-        if adapter.api == "v2":
+        if adapter.api == "v2" and not adapter.spec.plugin:
             result["refusal"] = _v2_refusal(adapter, inputs, example)
             result["after_refusal"] = adapter.dispatch(inputs, example, DispatchOptions(), rank)[0]
         return result
@@ -118,7 +123,7 @@ def event_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     try:
         for name, result in env.each_backend("dispatch", dispatches).items():
             out[name] = result if isinstance(result, dict) else {"sync": result}
-        for name, result in env.each_backend("combine", combines).items():
+        for name, result in env.each_backend("combine", combines, capability="combine").items():
             if isinstance(result, Unsupported):
                 out[name]["combine"] = result
             else:

@@ -77,8 +77,8 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     case: QpCase = env.case
     example = case.example
     out: dict[str, dict[str, Any]] = {}
-    for name, adapter in env.adapters(api="v2"):
-        spec = BackendSpec.parse(name)
+    for spec in env.specs(api="v2", capability="qp_cap"):
+        name, adapter = spec.name, get_adapter(spec)
         buffer = adapter.buffer(example)
         got: dict[str, Any] = {"hybrid": _caps(buffer), "direct": _caps(_direct_buffer(spec))}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.backends.factory import MODULES
+from conformance.backends.factory import library_module
 from conformance.core.api_surface import surface_of
 from conformance.tasks.env import RankEnv, rank_task
 
@@ -12,4 +12,5 @@ from conformance.tasks.env import RankEnv, rank_task
 @rank_task
 def surfaces(env: RankEnv) -> dict[str, dict[str, Any]]:
     """``{module: surface}`` for the modules behind the selected backends (under the active mutant)."""
-    return {module: surface_of(module) for module in sorted({MODULES[spec.impl] for spec in env.specs()})}
+    modules = {library_module(spec) for spec in env.specs(capability="api_surface")}
+    return {module: surface_of(module) for module in sorted(m for m in modules if m)}

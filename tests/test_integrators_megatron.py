@@ -1,0 +1,87 @@
+"""A real client nobody here wrote: Megatron-Core's ``fused_a2a.py`` (megatron-core 0.16.1, unchanged) run as a
+plug-in backend on the emulation (CPU, gloo, 2 ranks), side by side with the raw V1 and V2 backends.
+
+The report must give the plug-in a verdict on every property, and explain every non-pass: the properties of
+the V2 contract (P8, P11) and those that drive the library directly (P12, P14) are ``unsupported`` with the
+reason; what the wrapper cannot take (topk_weights / bias in combine, expert_alignment, layout outputs) is
+listed under ``not_checked``; everything else passes against the oracle and the raw backends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_suite
+from tests.installs import target_install
+
+PINNED = "0.16.1"
+NAME = "megatron-fused-a2a"
+TARGET = "conformance.integrations.megatron:MegatronFusedA2A"
+#: The plug-in's expected verdict per property (P4 and P9 may also report the documented V1/V2 divergences).
+CHECKED = ("P1-per-expert-payloads", "P2-counts", "P3-recv-topk-idx", "P4-weights", "P5-combine", "P6-round-trip",
+           "P7-cached-dispatch", "P9-gradients", "P10-events", "P13-determinism")
+UNSUPPORTED = {"P8-expand-layout": "v2 (ElasticBuffer) contract", "P11-qp-cap": "v2 (ElasticBuffer) contract",
+               "P12-bad-input": "'bad_input'", "P14-api-surface": "'api_surface'"}
+
+
+def megatron_path() -> tuple[str, ...]:
+    """Extra PYTHONPATH entries that make megatron-core 0.16.1 importable (none when it is installed here)."""
+    try:
+        if importlib.util.find_spec("megatron") is not None and version("megatron-core") == PINNED:
+            return ()
+    except PackageNotFoundError:
+        pass
+    for module in ("numpy", "packaging"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"megatron-core needs {module}, which is not installed here")
+    return (str(target_install(f"megatron-core=={PINNED}", f"megatron-core-{PINNED}")),)
+
+
+def entry_point_dir(tmp_path: Path) -> str:
+    """A distribution on the path that registers the plug-in under its entry-point name (as an installed
+    deepep-conformance does), so that ``--backends megatron-fused-a2a`` resolves from a checkout too."""
+    info = tmp_path / "ep" / "megatron_plugin_selftest-0.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-plugin-selftest\nVersion: 0.0\n")
+    (info / "entry_points.txt").write_text(f"[deepep_conformance.backends]\n{NAME} = {TARGET}\n")
+    return str(tmp_path / "ep")
+
+
+def test_megatron_fused_a2a_as_a_plugin_on_the_emulation(tmp_path: Path) -> None:
+    path = (*megatron_path(), entry_point_dir(tmp_path))
+    proc, report = run_suite(["-p", "no:xdist", "--backends", f"emulated-v1,{NAME},emulated-v2", "--deep-ep", "auto",
+                              "--device", "cpu", "--max-examples", "10", "--conformance-seed", "7"],
+                             tmp_path / "reports", timeout=600, extra_path=path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    (plugin,) = [b for b in report["environment"]["backends"] if b["name"] == NAME]
+    assert plugin["plugin"] == TARGET and plugin["api"] == "Buffer" and plugin["real"] is False
+    assert plugin["deep_ep"] == "emulation" and plugin["deep_ep_seen"]["kind"] == "emulation"
+    assert f"Megatron-Core {PINNED}" in plugin["description"]
+    assert plugin["capabilities"] == ["autograd", "cached_dispatch", "combine", "events"]
+    assert any("--deep-ep auto chose conformance.emulation" in note for note in report["environment"]["notes"])
+    verdicts = {p["id"]: p["verdicts"][NAME] for p in report["properties"]}
+    assert set(verdicts) == set(CHECKED) | set(UNSUPPORTED)
+    for pid in CHECKED:
+        assert verdicts[pid]["status"] in ("passed", "divergence"), (pid, verdicts[pid])
+    for pid, reason in UNSUPPORTED.items():
+        assert verdicts[pid]["status"] == "unsupported" and reason in verdicts[pid]["reason"], (pid, verdicts[pid])
+    for pid, verdict in verdicts.items():  # every non-pass is explained
+        assert verdict["status"] == "passed" or verdict["reason"], (pid, verdict)
+    # What the wrapper cannot take is listed, precisely, not silently skipped:
+    assert any("'combine_weights'" in n for n in verdicts["P5-combine"]["not_checked"])
+    assert any("'layout'" in n for n in verdicts["P2-counts"]["not_checked"])
+    assert any("'combine_weights'" in n for n in verdicts["P9-gradients"]["not_checked"])
+    markdown = (tmp_path / "reports" / "conformance.md").read_text()
+    assert "## Verdicts per backend" in markdown and f"plug-in {TARGET}" in markdown
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deep_ep") is not None, reason="a real deep_ep is installed here")
+def test_a_plugin_using_deep_ep_without_one_is_a_usage_error(tmp_path: Path) -> None:
+    proc, _ = run_suite(["--backends", f"emulated-v1,{TARGET}", "--device", "cpu"], tmp_path / "reports",
+                        extra_path=megatron_path())
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "pass --deep-ep emulation (or auto)" in proc.stderr
