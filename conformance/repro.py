@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance.harness.options import DEEP_EP_MODES, build_run_config
+from conformance.harness.options import DEEP_EP_MODES, RANK_SETUPS, build_run_config
 from conformance.harness.session import Session
 from conformance.properties import NotApplicable, catalog
 from conformance.world.errors import RankFailure
@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--example-timeout", type=float, default=120.0)
     parser.add_argument("--mutant", default=None)
     parser.add_argument("--deep-ep", default=None, choices=DEEP_EP_MODES)
+    parser.add_argument("--rank-setup", default="isolated", choices=RANK_SETUPS)
     args = parser.parse_args(argv)
     try:
         example = properties[args.property].case_type.from_json(args.example)

@@ -62,3 +62,21 @@ def test_xdist_auto_uses_one_worker_per_gpu_slice(tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert f"created: {max_gpu_workers(2)}/{max_gpu_workers(2)} worker" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_recorder_rank_setup_builds_buffers_on_a_new_group_of_the_whole_world() -> None:
+    with World(WorldShape(1, 2), rank_setup="recorder") as world:
+        ranks = world.run("tests.gpu_tasks:ep_group", timeout=120)
+    assert [(r["is_world"], r["size"]) for r in ranks] == [(False, 2), (False, 2)]
+    with World(WorldShape(1, 2)) as world:
+        assert [r["is_world"] for r in world.run("tests.gpu_tasks:ep_group", timeout=120)] == [True, True]
+
+
+@needs_two_gpus
+def test_recorder_rank_setup_shows_every_rank_the_node_gpus_and_selects_local_rank() -> None:
+    gpus = tuple(visible_gpus()[:2])
+    with World(WorldShape(1, 2), device="cuda", gpu_ids=gpus, env=dict(GPU_RANK_ENV), rank_setup="recorder") as world:
+        ranks = world.run("tests.gpu_tasks:ep_group", timeout=120)
+    assert [r["visible"] for r in ranks] == [",".join(gpus)] * 2
+    assert [r["current"] for r in ranks] == [0, 1] and all(r["device_count"] == 2 for r in ranks)
+    assert len({r["uuid"] for r in ranks}) == 2 and not any(r["is_world"] for r in ranks)

@@ -109,7 +109,7 @@ from conformance.backends import alias
 assert alias.describe()["kind"] is None
 print(alias.use_emulation()["kind"])
 import conformance.emulation as emu
-from deep_ep.utils import EventOverlap
+from deep_ep.utils.event import EventOverlap
 import deep_ep.utils.event
 print(EventOverlap is emu.EventOverlap, deep_ep.utils.event._pending is emu.utils.event._pending)
 """

@@ -1,10 +1,14 @@
 """A real client nobody here wrote: Megatron-Core's ``fused_a2a.py`` (megatron-core 0.16.1, unchanged) run as a
 plug-in backend on the emulation (CPU, gloo, 2 ranks), side by side with the raw V1 and V2 backends.
 
-The report must give the plug-in a verdict on every property, and explain every non-pass: the properties of
-the V2 contract (P8, P11) and those that drive the library directly (P12, P14) are ``unsupported`` with the
-reason; what the wrapper cannot take (topk_weights / bias in combine, expert_alignment, layout outputs) is
-listed under ``not_checked``; everything else passes against the oracle and the raw backends.
+Finding: as installed, fused_a2a does not import DeepEP 2.1.0 (its guard ``from deep_ep.utils import EventHandle,
+EventOverlap`` fails: 2.1.0 exports EventOverlap from deep_ep.utils.event only, recorded on the real library), so
+``megatron-fused-a2a`` fails every property it takes part in, with that reason, while the other backends are
+still checked.  ``megatron-fused-a2a-shimmed`` applies the one-line workaround; for it the report must give a
+verdict on every property and explain every non-pass: the properties of the V2 contract (P8, P11) and those that
+drive the library directly (P12, P14) are ``unsupported`` with the reason; what the wrapper cannot take
+(topk_weights / bias in combine, expert_alignment, layout outputs) is listed under ``not_checked``; everything else
+passes against the oracle and the raw backends.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from tests.conftest import run_suite
 from tests.installs import target_install
 
 PINNED = "0.16.1"
-NAME = "megatron-fused-a2a"
-TARGET = "conformance.integrations.megatron:MegatronFusedA2A"
+PLAIN = "megatron-fused-a2a"
+NAME = "megatron-fused-a2a-shimmed"
+TARGET = "conformance.integrations.megatron:MegatronFusedA2AShimmed"
 #: The plug-in's expected verdict per property (P4 and P9 may also report the documented V1/V2 divergences).
 CHECKED = ("P1-per-expert-payloads", "P2-counts", "P3-recv-topk-idx", "P4-weights", "P5-combine", "P6-round-trip",
            "P7-cached-dispatch", "P9-gradients", "P10-events", "P13-determinism")
@@ -47,18 +52,29 @@ def entry_point_dir(tmp_path: Path) -> str:
     info = tmp_path / "ep" / "megatron_plugin_selftest-0.0.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-plugin-selftest\nVersion: 0.0\n")
-    (info / "entry_points.txt").write_text(f"[deepep_conformance.backends]\n{NAME} = {TARGET}\n")
+    plain_target = "conformance.integrations.megatron:MegatronFusedA2A"
+    entries = f"[deepep_conformance.backends]\n{NAME} = {TARGET}\n{PLAIN} = {plain_target}\n"
+    (info / "entry_points.txt").write_text(entries)
     return str(tmp_path / "ep")
 
 
 def test_megatron_fused_a2a_as_a_plugin_on_the_emulation(tmp_path: Path) -> None:
     path = (*megatron_path(), entry_point_dir(tmp_path))
-    proc, report = run_suite(["-p", "no:xdist", "--backends", f"emulated-v1,{NAME},emulated-v2", "--deep-ep", "auto",
-                              "--device", "cpu", "--max-examples", "10", "--conformance-seed", "7"],
+    proc, report = run_suite(["-p", "no:xdist", "--backends", f"emulated-v1,{PLAIN},{NAME},emulated-v2", "--deep-ep",
+                              "auto", "--device", "cpu", "--max-examples", "10", "--conformance-seed", "7"],
                              tmp_path / "reports", timeout=600, extra_path=path)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]  # the plain wrapper's finding
+    guard = "its guard 'from deep_ep.utils import EventHandle, EventOverlap' fails"
+    assert guard in report["headline"][0] and PLAIN in report["headline"][0], report["headline"]
+    for p in report["properties"]:
+        plain, raw = p["verdicts"][PLAIN], p["verdicts"]["emulated-v1"]
+        if p["id"] in CHECKED:
+            assert p["status"] == "failed" and plain["status"] == "failed", (p["id"], plain)
+            assert guard in plain["reason"], (p["id"], plain)
+            assert raw["status"] in ("passed", "divergence"), (p["id"], raw)  # still checked
     (plugin,) = [b for b in report["environment"]["backends"] if b["name"] == NAME]
     assert plugin["plugin"] == TARGET and plugin["api"] == "Buffer" and plugin["real"] is False
+    assert "workaround" in plugin["description"]
     assert plugin["deep_ep"] == "emulation" and plugin["deep_ep_seen"]["kind"] == "emulation"
     assert f"Megatron-Core {PINNED}" in plugin["description"]
     assert plugin["capabilities"] == ["autograd", "cached_dispatch", "combine", "events"]

@@ -2,7 +2,7 @@
 
 Code written as ``from deep_ep import Buffer`` (Megatron-Core's ``fused_a2a``, your own wrapper) runs on the
 emulation once ``deep_ep`` names it in ``sys.modules``.  This module does that properly: every submodule is
-aliased too (``deep_ep.utils``, ``deep_ep.utils.event``, ...), so that ``from deep_ep.utils import EventOverlap``
+aliased too (``deep_ep.utils``, ``deep_ep.utils.event``, ...), so that ``from deep_ep.utils.event import EventOverlap``
 gets the very same module object, and with it the same deferred-work queue, as ``conformance.emulation``
 (a bare ``sys.modules["deep_ep"] = emulation`` makes Python import the ``utils`` package a second time).
 

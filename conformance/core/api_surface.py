@@ -149,7 +149,9 @@ def snapshot_from_signatures(path: Path = SIGNATURES) -> dict[str, Any]:
         "module": "deep_ep",
         "version": "2.1.0",
         "source": "deepseek-ai/DeepEP deep_ep/buffers/legacy.py, deep_ep/buffers/elastic.py, deep_ep/utils/event.py",
-        "probe": {"Buffer": True, "ElasticBuffer": True, "EventOverlap": ".utils"},
+        # recorded on the real 2.1.0 (docs/real-runs/api-surface-real-2.1.0.json): deep_ep.utils exports EventHandle
+        # only; EventOverlap lives in deep_ep.utils.event (and at the top level).
+        "probe": {"Buffer": True, "ElasticBuffer": True, "EventOverlap": ".utils.event"},
         "classes": classes,
         "not_covered": NOT_COVERED,
     }

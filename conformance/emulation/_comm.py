@@ -13,6 +13,19 @@ import torch
 import torch.distributed as dist
 
 
+def all_gather(gathered: list[torch.Tensor], local: torch.Tensor, group: dist.ProcessGroup) -> None:
+    """``dist.all_gather``; over gloo, CUDA tensors travel through host memory (gloo gathers CPU tensors only).
+
+    A transport detail: two ranks sharing one GPU must use a gloo group (NCCL refuses them)."""
+    if local.is_cuda and dist.get_backend(group) == "gloo":
+        staged = [torch.empty_like(local, device="cpu") for _ in gathered]
+        dist.all_gather(staged, local.cpu(), group=group)
+        for out, part in zip(gathered, staged, strict=True):
+            out.copy_(part)
+        return
+    dist.all_gather(gathered, local, group=group)
+
+
 class PeerRefused(RuntimeError):
     """Raised on every rank when some rank's preflight check failed (so no rank hangs in a collective)."""
 
@@ -21,7 +34,7 @@ def all_gather_ints(group: dist.ProcessGroup, values: Sequence[int], device: tor
     """All-gather a short vector of Python ints; returns an int64 CPU tensor ``[num_ranks, len(values)]``."""
     local = torch.tensor(list(values), dtype=torch.int64, device=device)
     gathered = [torch.empty_like(local) for _ in range(group.size())]
-    dist.all_gather(gathered, local, group=group)
+    all_gather(gathered, local, group)
     return torch.stack(gathered).cpu()
 
 
@@ -78,7 +91,7 @@ def all_gather_rows(
         rows = tensor.reshape(tensor.shape[0], row_elems).clone(memory_format=torch.contiguous_format)
         local[: tensor.shape[0], :row_bytes] = rows.view(torch.uint8)
     gathered = [torch.empty_like(local) for _ in range(group.size())]
-    dist.all_gather(gathered, local, group=group)
+    all_gather(gathered, local, group)
     result = []
     for rows, buf in zip(counts, gathered, strict=False):
         part = buf[:rows, :row_bytes].contiguous()

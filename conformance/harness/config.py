@@ -19,6 +19,8 @@ class RunConfig:
     mutant: str | None = None
     gpu_ids: tuple[str, ...] = ()
     rank_env: dict[str, str] = field(default_factory=dict)
+    #: "isolated" or "recorder" (see ``world.launcher.World``).
+    rank_setup: str = "isolated"
     max_examples: int = 25
     seed: int | None = None
     #: World restarts after crashes or hangs that one property may spend (a run may spend 4 times as many).
@@ -43,6 +45,7 @@ class RunConfig:
         args = (
             f"--nodes {self.shape.nodes} --ranks-per-node {self.shape.ranks_per_node} "
             f"--backends {','.join(b.name for b in self.backends)} --device {self.device}"
+            + (f" --rank-setup {self.rank_setup}" if self.rank_setup != "isolated" else "")
         )
         if self.deep_ep:
             args += f" --deep-ep {self.deep_ep}"

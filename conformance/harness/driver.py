@@ -31,19 +31,24 @@ def run_property(session: Any, prop: Property) -> None:
     recorder = session.recorder
     property_id = recorder.property_id = prop.id
     try:
-        task_settings = session.settings_for(prop)  # (not ``settings``: that is Hypothesis' decorator below)
+        task_settings = session.settings_for(prop, include_broken=True)  # (not ``settings``: Hypothesis' decorator)
     except NotApplicable as reason:
         recorder.not_applicable = str(reason)
         return
     broken = {name: cause for name, cause in session.broken_backends().items() if name in task_settings.names}
     recorder.seen = {name: seen for name, seen in session.seen.items() if name in task_settings.names}
+    healthy = [name for name in task_settings.names if name not in broken]
+    broken_message = ""
     if broken:
         recorder.cause = {"kind": "construction", "broken": broken}
-        pytest.fail(
-            f"{property_id} not checked: the library is broken on buffer construction (construction preflight, "
-            f"before any example): " + "; ".join(describe_cause(c) for c in broken.values())
-            + ". Every property using these backends fails with this cause.", pytrace=False,
-        )
+        broken_message = (
+            f"{property_id}: the library is broken on buffer construction (construction preflight, before any "
+            f"example): " + "; ".join(describe_cause(c) for c in broken.values())
+            + ". Every property using these backends fails with this cause."
+            + (f" The other backends ({', '.join(healthy)}) were checked." if healthy else ""))
+        if not healthy:
+            recorder.failing = sorted(broken)
+            pytest.fail(broken_message.replace(f"{property_id}:", f"{property_id} not checked:", 1), pytrace=False)
     budget = session.budget
     if budget.run_exhausted():
         recorder.cause = budget.last_cause
@@ -73,3 +78,6 @@ def run_property(session: Any, prop: Property) -> None:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
+    if broken:
+        recorder.failing = sorted(broken)
+        pytest.fail(broken_message, pytrace=False)

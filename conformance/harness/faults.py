@@ -34,19 +34,23 @@ def cause_of(failure: RankFailure, backend: str | None = None) -> dict[str, Any]
     call_backend, _, call_name = call.partition("|") if "|" in call else ("", "", call)
     kind = "crash" if isinstance(failure, RankCrashed) else "hang" if isinstance(failure, RankTimeout) else "error"
     signal = next((failure.signals[r] for r in failure.culprits if r in failure.signals), None)
+    said = [line.strip() for r in failure.culprits[:1] for line in failure.per_rank.get(r, "").splitlines()
+            if line.strip()]
     return {
         "kind": kind,
         "backend": backend or call_backend or None,
         "call": call_name or None,
         "signal": signal,
         "summary": str(failure).splitlines()[0],
+        "detail": said[-1][:400] if kind == "error" and said else None,  # the exception, for a rank that raised
     }
 
 
 def describe_cause(cause: dict[str, Any]) -> str:
     """One line: ``emulated-v2: every rank ... died by SIGSEGV in ElasticBuffer.__init__``."""
     what = {"crash": "a rank died" + (f" by {cause['signal']}" if cause.get("signal") else ""),
-            "hang": "the ranks hung", "error": "a rank raised"}[cause["kind"]]
+            "hang": "the ranks hung",
+            "error": "a rank raised" + (f" {cause['detail']}" if cause.get("detail") else "")}[cause["kind"]]
     where = f" in {describe_call(cause['call'])}" if cause.get("call") else ""
     return f"{cause.get('backend') or 'the library'}: {what}{where}"
 

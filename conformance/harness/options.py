@@ -18,6 +18,7 @@ DEFAULT_MAX_EXAMPLES = 25
 #: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
 GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICES = ("auto", "cpu", "cuda")
+RANK_SETUPS = ("isolated", "recorder", "shared")
 DEEP_EP_MODES = ("emulation", "real", "auto")
 #: Environment variable giving ``--deep-ep`` its default (and naming the resolved mode for the ranks).
 DEEP_EP_ENV = "CONFORMANCE_DEEP_EP"
@@ -47,6 +48,11 @@ OPTIONS: tuple[Option, ...] = (
            "list such as emulated-v1,real-v2 (default auto)", str, "auto", "LIST"),
     Option("--device", "where ranks run: cuda (NCCL, one GPU per rank), cpu (gloo), or auto: cuda when there is "
            "a GPU for every rank (default auto)", str, "auto", "DEVICE", DEVICES),
+    Option("--rank-setup", "on GPUs: isolated (each rank sees only its own GPU; buffers on the default group), "
+           "recorder (every rank sees its node's GPUs and calls set_device(LOCAL_RANK); buffers on "
+           "dist.new_group(list(range(world))), the set-up fixtures/deepep-real was recorded with), or shared "
+           "(every rank on one GPU, time-sliced, over a gloo group: V1's intranode path only, for a machine with "
+           "fewer GPUs than ranks) (default isolated)", str, "isolated", "SETUP", RANK_SETUPS),
     Option("--report-dir", "where reports are written (default reports)", str, "reports", "DIR"),
     Option("--max-examples", f"Hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES})", int,
            DEFAULT_MAX_EXAMPLES, "N"),
@@ -212,7 +218,15 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     if deep_ep == "real" and not machine.deep_ep.get("importable"):
         raise SetupError(f"--deep-ep real: the real deep_ep does not import here: {machine.deep_ep.get('error')}")
     real_asked = real_asked or deep_ep == "real"
-    needed = shape.size * max(1, workers)
+    shared = v["rank_setup"] == "shared"
+    if shared:
+        if shape.nodes != 1 or workers > 1:
+            raise SetupError("--rank-setup shared: the ranks share one GPU of one host: use --nodes 1 and no -n")
+        v2 = [s.name for s in (named or []) if s.api == "v2"]
+        if named is None or v2:
+            raise SetupError("--rank-setup shared: ElasticBuffer builds an NCCL communicator, which refuses two ranks "
+                             "on one GPU; select V1 backends only (e.g. --backends real-v1,emulated-v1)")
+    needed = 1 if shared else shape.size * max(1, workers)
     enough_gpus = len(gpus) >= needed
     if v["device"] == "cuda" or real_asked:
         if not enough_gpus:
@@ -281,5 +295,6 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         notes=tuple(notes),
         deep_ep_probe=dict(machine.deep_ep),
         deep_ep=deep_ep,
+        rank_setup=v["rank_setup"],
         plugin_probes={spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
     )

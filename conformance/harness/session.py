@@ -85,7 +85,8 @@ class Session:
         """The rank world, started on first use and restarted after a failure."""
         if self._world is None:
             self._world = World(
-                self.config.shape, device=self.config.device, gpu_ids=self.config.gpu_ids, env=self.config.rank_env
+                self.config.shape, device=self.config.device, gpu_ids=self.config.gpu_ids, env=self.config.rank_env,
+                rank_setup=self.config.rank_setup,
             )
         return self._world
 
@@ -113,13 +114,16 @@ class Session:
                                + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {prop.id} needs")
         return out
 
-    def settings_for(self, prop: Property) -> TaskSettings:
+    def settings_for(self, prop: Property, include_broken: bool = False) -> TaskSettings:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
-        it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.
+        it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.  Backends
+        the construction preflight found broken are left out too (their failure is reported by the driver), unless
+        ``include_broken``.
 
         Raises :class:`NotApplicable` when no selected backend is left."""
         excluded = self.excluded(prop)
-        specs = tuple(b for b in self.config.backends if b.name not in excluded)
+        broken = () if include_broken else self._broken.get(self.mutant, {})
+        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in broken)
         self.recorder.excluded = dict(excluded)
         if not specs:
             raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")

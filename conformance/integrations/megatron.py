@@ -21,6 +21,14 @@ Everything goes through Megatron's public functions, as its ``MoEFlexTokenDispat
 Not declared, so reported ``unsupported`` (or ``not_checked``) with the reason: ``expert_alignment`` (the wrapper
 passes none: DeepEP's default 1), ``combine_weights``, ``combine_bias``, ``layout`` (the layout stays inside
 ``fused_dispatch``).  V2 (``ElasticBuffer``) is not wrapped: no released Megatron-Core has a V2 path.
+
+**Finding: fused_a2a does not import DeepEP 2.1.0.**  It guards its import of DeepEP with ``from deep_ep.utils import
+EventHandle, EventOverlap``; DeepEP 2.1.0 (the EPv2 release) exports ``EventHandle`` only from ``deep_ep.utils``
+(``EventOverlap`` moved to ``deep_ep.utils.event``; recorded on the real library, docs/real-runs/), so fused_a2a
+sets ``HAVE_DEEP_EP = False`` and ``fused_dispatch`` is ``None``.  The plug-in ``megatron-fused-a2a`` reports
+exactly that; ``megatron-fused-a2a-shimmed`` applies the one-line workaround an integrator would
+(``deep_ep.utils.EventOverlap = deep_ep.utils.event.EventOverlap`` before Megatron imports) and checks the rest
+of the wrapper, labelled as such in the report.
 """
 
 from __future__ import annotations
@@ -47,18 +55,49 @@ except PackageNotFoundError:  # a source checkout on the path
     _VERSION = "unknown version"
 
 
+def _event_overlap_import_error() -> str | None:
+    """Why fused_a2a's guard ``from deep_ep.utils import EventHandle, EventOverlap`` fails, if it does."""
+    try:
+        utils = importlib.import_module("deep_ep.utils")
+    except ImportError as exc:
+        return f"import deep_ep.utils: {exc}"
+    missing = [name for name in ("EventHandle", "EventOverlap") if not hasattr(utils, name)]
+    return f"deep_ep.utils has no {', '.join(missing)} (ImportError)" if missing else None
+
+
 class MegatronFusedA2A(PluginBackend):
-    """Megatron-Core ``fused_a2a`` over ``deep_ep.Buffer`` (the V1 contract)."""
+    """Megatron-Core ``fused_a2a`` over ``deep_ep.Buffer`` (the V1 contract), exactly as installed."""
 
     api = "v1"
     capabilities = frozenset({"combine", "cached_dispatch", "autograd", "events"})
     description = (f"Megatron-Core {_VERSION} {MODULE}: fused_dispatch / fused_combine and their autograd, "
                    f"over deep_ep.Buffer")
+    #: Apply the deep_ep.utils.EventOverlap workaround before Megatron imports (the ``-shimmed`` backend only).
+    shim = False
 
     def __init__(self, env: PluginEnv) -> None:
         super().__init__(env)
-        self.fa: Any = importlib.import_module(MODULE)  # in the rank, after --deep-ep resolved deep_ep
+        reason = _event_overlap_import_error()  # in the rank, after --deep-ep resolved deep_ep
+        if reason is not None and self.shim:
+            # The workaround lasts only while Megatron imports (it binds the names then): deep_ep.utils stays as the
+            # library ships it for every other backend and property in this rank.
+            utils, event = importlib.import_module("deep_ep.utils"), importlib.import_module("deep_ep.utils.event")
+            utils.EventOverlap = event.EventOverlap
+            try:
+                self.fa: Any = importlib.import_module(MODULE)
+                if not getattr(self.fa, "HAVE_DEEP_EP", False):
+                    self.fa = importlib.reload(self.fa)  # imported earlier in this rank without the workaround
+            finally:
+                del utils.EventOverlap
+        else:
+            self.fa = importlib.import_module(MODULE)
         if not getattr(self.fa, "HAVE_DEEP_EP", False) or self.fa.fused_dispatch is None:
+            if reason is not None:
+                raise RuntimeError(
+                    f"{MODULE} cannot use this deep_ep: its guard 'from deep_ep.utils import EventHandle, "
+                    f"EventOverlap' fails ({reason}); DeepEP 2.1.0 exports EventOverlap from deep_ep.utils.event "
+                    f"only, so fused_a2a sets HAVE_DEEP_EP = False. The backend megatron-fused-a2a-shimmed applies "
+                    f"the one-line workaround and checks the rest of the wrapper")
             raise RuntimeError(f"{MODULE} found no deep_ep (HAVE_DEEP_EP is False): it binds fused_dispatch at import "
                                f"time; pass --deep-ep emulation (or auto), or install DeepEP")
         self.group = env.group
@@ -113,3 +152,12 @@ class MegatronFusedA2A(PluginBackend):
     def destroy(self) -> None:
         """Megatron keeps one module-global ``Buffer`` and never destroys it: drop it before the group goes."""
         self.fa._buffer = None
+
+
+class MegatronFusedA2AShimmed(MegatronFusedA2A):
+    """:class:`MegatronFusedA2A` with the workaround for DeepEP 2.1.0's ``deep_ep.utils`` (see the module doc)."""
+
+    shim = True
+    description = (f"Megatron-Core {_VERSION} {MODULE} with the workaround deep_ep.utils.EventOverlap = "
+                   f"deep_ep.utils.event.EventOverlap (DeepEP 2.1.0 no longer exports it from deep_ep.utils): "
+                   f"fused_dispatch / fused_combine and their autograd, over deep_ep.Buffer")

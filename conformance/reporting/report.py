@@ -117,6 +117,10 @@ def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig
         elif entry.status == "failed":
             if name in failing or not failing:
                 verdict = {"status": "failed", "reason": entry.message}
+            elif (entry.cause or {}).get("kind") == "construction" and entry.examples:
+                # the broken backends were left out and every example was checked on this one
+                verdict = ({"status": "divergence", "reason": "; ".join(entry.divergences)} if entry.divergences
+                           else {"status": "passed", "reason": None})
             else:
                 verdict = {"status": "inconclusive",
                            "reason": f"the property stopped at a failure of {', '.join(failing)}"}
@@ -219,9 +223,12 @@ def headline(entries: list[PropertyEntry]) -> list[str]:
     if broken:
         kinds = {c["kind"] for c in broken.values()}
         verb = "crashed" if "crash" in kinds else "hung" if "hang" in kinds else "raised"
+        affected = [e for e in entries if e.cause and e.cause.get("kind") == "construction"]
+        unchecked = sum(1 for e in affected if not e.examples)
         lines.append(f"The library {verb} on buffer construction: " + "; ".join(map(describe_cause, broken.values()))
-                     + f". {sum(1 for e in entries if e.cause and e.cause.get('kind') == 'construction')} "
-                     f"properties were not checked.")
+                     + f". {len(affected)} properties failed for it"
+                     + (f" ({unchecked} not checked on any backend)." if unchecked else
+                        " (the other backends were checked)."))
     for cause, ids in stopped.items():
         lines.append(f"Crash/hang budget spent by {', '.join(ids)}: {cause}.")
     return lines

@@ -27,7 +27,7 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
     A row of the ``utils`` API (``EventOverlap``) is made once per implementation (the first backend of each)."""
     case: BadCallCase = env.case
     rows: dict[str, dict[str, Any]] = {}
-    used: dict[str, Any] = {}
+    used: dict[str, Any] = {}  # backend name -> its spec
     for row_id in case.rows:
         row = _refusals.rows()[row_id]
         done_impls: set[str] = set()
@@ -37,9 +37,10 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
                 done_impls.add(spec.impl)
             elif spec.api != row["api"]:
                 continue
-            adapter = used.setdefault(spec.name, get_adapter(spec))
-            per_backend[spec.name] = {"raised": _raised(row["recipe"], adapter.module, env),
-                                      "neighbour": _raised(row["neighbour"], adapter.module, env)}
-    after = {name: adapter.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)[0]
-             for name, adapter in used.items()}
+            used[spec.name] = spec
+            module = get_adapter(spec).module
+            per_backend[spec.name] = {"raised": _raised(row["recipe"], module, env),
+                                      "neighbour": _raised(row["neighbour"], module, env)}
+    after = {name: env.call(spec, "dispatch", lambda adapter: adapter.dispatch(
+        env.inputs, env.example, DispatchOptions(), env.rank)[0]) for name, spec in used.items()}
     return {"rows": rows, "after": after}

@@ -85,7 +85,7 @@ class RankEnv:
         result; any other propagates (a failure of the property)."""
         out: dict[str, Any] = {}
         for spec in self.specs(api, capability):
-            out[spec.name] = self._call(spec, operation, call)
+            out[spec.name] = self.call(spec, operation, call)
         return out
 
     def then_each_backend(self, first: dict[str, Any], operation: str, call: Callable[[Any, Any], Any]
@@ -94,11 +94,11 @@ class RankEnv:
         out: dict[str, Any] = {}
         for name, result in first.items():
             spec = self.spec(name.split(" [", 1)[0])
-            out[name] = result if isinstance(result, Unsupported) else self._call(
+            out[name] = result if isinstance(result, Unsupported) else self.call(
                 spec, operation, lambda adapter, r=result: call(adapter, r))
         return out
 
-    def _call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any]) -> Any:
+    def call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any]) -> Any:
         try:
             return call(get_adapter(spec))
         except NotSupported as exc:

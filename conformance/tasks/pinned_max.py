@@ -26,6 +26,8 @@ class PinnedMaxMismatch(RuntimeError):
 
 def gather_values(group: Any, value: int, device: torch.device) -> list[int]:
     """Every rank's ``value`` (one all-gather)."""
+    if dist.get_backend(group) == "gloo":  # gloo gathers CPU tensors only (ranks sharing one GPU use gloo)
+        device = torch.device("cpu")
     local = torch.tensor([value], dtype=torch.int64, device=device)
     gathered = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, local, group=group)

@@ -66,6 +66,10 @@ class World:
         shape: nodes x ranks per node.
         device: ``"cpu"`` (gloo) or ``"cuda"`` (NCCL, one GPU per rank).
         gpu_ids: physical GPU ids this world may use, one per rank (``device="cuda"`` only).
+        rank_setup: ``"isolated"`` (each rank sees only its GPU; buffers on the default group) or ``"recorder"``
+            (every rank sees its node's GPUs and selects ``LOCAL_RANK``; buffers on
+            ``dist.new_group(list(range(world)))``), the set-up the real-library recordings were made with, or
+            ``"shared"`` (every rank on the first GPU, time-sliced, over gloo: the legacy intranode path only).
         env: extra environment for the ranks (e.g. NCCL switches).
         start_timeout_s: how long start-up may take.
         log_dir: where rank logs go (a temporary directory by default, removed on close).
@@ -75,6 +79,7 @@ class World:
     device: str = "cpu"
     gpu_ids: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    rank_setup: str = "isolated"
     start_timeout_s: float = 180.0
     log_dir: str | None = None
     starts: int = 0
@@ -84,9 +89,11 @@ class World:
     _own_log_dir: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.rank_setup not in ("isolated", "recorder", "shared"):
+            raise WorldError(f"rank_setup must be 'isolated', 'recorder' or 'shared', got {self.rank_setup!r}")
         if self.device not in ("cpu", "cuda"):
             raise WorldError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.device == "cuda" and len(self.gpu_ids) < self.shape.size:
+        if self.device == "cuda" and len(self.gpu_ids) < (1 if self.rank_setup == "shared" else self.shape.size):
             raise WorldError(
                 f"a CUDA world of {self.shape.size} ranks needs {self.shape.size} GPUs, "
                 f"but this worker was given {len(self.gpu_ids)}: {list(self.gpu_ids)}"
@@ -151,9 +158,15 @@ class World:
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",
             "CONFORMANCE_DEVICE": self.device,
+            "CONFORMANCE_RANK_SETUP": self.rank_setup,
         }
         if self.device == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = self.gpu_ids[rank]
+            # "isolated": each rank sees only its own GPU; "recorder": every rank sees the node's GPUs and picks
+            # LOCAL_RANK (the set-up fixtures/deepep-real was recorded with).
+            node = rank // self.shape.ranks_per_node
+            node_gpus = self.gpu_ids[node * self.shape.ranks_per_node:(node + 1) * self.shape.ranks_per_node]
+            env["CUDA_VISIBLE_DEVICES"] = {"recorder": ",".join(node_gpus), "shared": self.gpu_ids[0]}.get(
+                self.rank_setup, self.gpu_ids[rank] if rank < len(self.gpu_ids) else "")
         env.update(self.env)
         return env
 

@@ -53,10 +53,11 @@ class RankContext:
 
     @property
     def group(self) -> Any:  # torch.distributed.ProcessGroup
-        """The default process group."""
+        """The process group the buffers are built on: the default group, or (rank set-up ``recorder``) the
+        ``dist.new_group(list(range(world)))`` made at start-up."""
         import torch.distributed as dist
 
-        return dist.group.WORLD
+        return _ep_group if _ep_group is not None else dist.group.WORLD
 
     def torch_device(self) -> Any:  # torch.device
         """The device tensors of this rank live on."""
@@ -66,6 +67,7 @@ class RankContext:
 
 
 _context: RankContext | None = None
+_ep_group: Any = None
 
 
 def context() -> RankContext:
@@ -144,21 +146,29 @@ def _init_process_group(timeout_s: float) -> RankContext:
     import torch.distributed as dist
 
     env = os.environ
+    global _ep_group
     device = env["CONFORMANCE_DEVICE"]
+    setup = env.get("CONFORMANCE_RANK_SETUP", "isolated")
+    recorder = setup == "recorder"
     rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    gpu = int(env["LOCAL_RANK"]) if recorder else 0  # isolated: each rank sees its own GPU; shared: the same one
+    # NCCL refuses two ranks on one GPU: ranks sharing a GPU talk over gloo (CUDA tensors, host-staged collectives).
+    backend = "nccl" if device == "cuda" and setup != "shared" else "gloo"
     torch.set_num_threads(1)
     if device == "cuda":
-        torch.cuda.set_device(0)  # each rank sees exactly its own GPU
+        torch.cuda.set_device(gpu)
     store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
                           timeout=datetime.timedelta(seconds=timeout_s))
     dist.init_process_group(
-        backend="nccl" if device == "cuda" else "gloo",
+        backend=backend,
         store=store,
         rank=rank,
         world_size=world_size,
         timeout=datetime.timedelta(seconds=timeout_s),
-        device_id=torch.device("cuda", 0) if device == "cuda" else None,
+        device_id=torch.device("cuda", gpu) if backend == "nccl" else None,
     )
+    if recorder:
+        _ep_group = dist.new_group(list(range(world_size)))
     return RankContext(
         rank=rank,
         world_size=world_size,

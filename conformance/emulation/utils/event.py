@@ -165,10 +165,6 @@ class EventOverlap:
             self.event = None
         return result
 
-    def wait(self) -> Any:
-        """Alias of ``current_stream_wait()``."""
-        return self.current_stream_wait()
-
     def register_hook_after_wait(self, hook_after_wait: Callable) -> None:
         """Register a callable run right after the next ``current_stream_wait()``."""
         assert self.hook_after_wait is None, "A hook is already registered on this `EventOverlap`"
