@@ -23,6 +23,8 @@ class Config:
     channels exactly as the real kernels do (this shapes ``channel_prefix_matrix`` and ``send_head``).
     The constructor refuses what the real one refuses (``csrc/legacy/config.hpp:41-50``), and arguments
     pybind11 would not convert to ``int`` (a float) with the same ``TypeError`` first line.
+    Like the real pybind11 class (``csrc/legacy/buffer.hpp:1752``), it exposes no fields: the values are
+    private here, so a client reading ``config.num_sms`` fails on the emulation as it does on the library.
     """
 
     def __init__(
@@ -67,28 +69,28 @@ class Config:
             num_max_rdma_chunked_send_tokens <= num_max_rdma_chunked_recv_tokens // 2,
             "v1_config_rdma_send_gt_half_recv",
         )
-        self.num_sms = int(num_sms)
-        self.num_max_nvl_chunked_send_tokens = int(num_max_nvl_chunked_send_tokens)
-        self.num_max_nvl_chunked_recv_tokens = int(num_max_nvl_chunked_recv_tokens)
-        self.num_max_rdma_chunked_send_tokens = int(num_max_rdma_chunked_send_tokens)
-        self.num_max_rdma_chunked_recv_tokens = _align(
+        self._num_sms = int(num_sms)
+        self._num_max_nvl_chunked_send_tokens = int(num_max_nvl_chunked_send_tokens)
+        self._num_max_nvl_chunked_recv_tokens = int(num_max_nvl_chunked_recv_tokens)
+        self._num_max_rdma_chunked_send_tokens = int(num_max_rdma_chunked_send_tokens)
+        self._num_max_rdma_chunked_recv_tokens = _align(
             int(num_max_rdma_chunked_recv_tokens), int(num_max_rdma_chunked_send_tokens)
         )
 
     @property
-    def num_channels(self) -> int:
+    def _num_channels(self) -> int:
         """Number of communication channels (two SMs per channel; at least 1 for the emulation's own math, the
         library's checks use ``num_sms // 2`` itself)."""
-        return max(self.num_sms // 2, 1)
+        return max(self._num_sms // 2, 1)
 
     def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
         """NVLink buffer size in bytes: the real formula (``csrc/legacy/config.hpp:53``)."""
         num_rdma_ranks = max(num_ranks // NUM_MAX_NVL_PEERS, 1)
         num_nvl_ranks = min(num_ranks, NUM_MAX_NVL_PEERS)
-        num_channels = self.num_sms // 2
+        num_channels = self._num_sms // 2
         per_token = hidden_bytes + SOURCE_META_BYTES + _NUM_MAX_TOPK * 8 + _NUM_MAX_TOPK * 4 + _NUM_MAX_SCALES * 4
         num_bytes = num_channels * num_nvl_ranks * (2 * num_rdma_ranks + 3) * 4
-        num_bytes += num_channels * num_nvl_ranks * self.num_max_nvl_chunked_recv_tokens * per_token
+        num_bytes += num_channels * num_nvl_ranks * self._num_max_nvl_chunked_recv_tokens * per_token
         return _align(num_bytes, 128)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
@@ -99,16 +101,16 @@ class Config:
 
     def __repr__(self) -> str:
         return (
-            f"Config({self.num_sms}, {self.num_max_nvl_chunked_send_tokens}, "
-            f"{self.num_max_nvl_chunked_recv_tokens}, {self.num_max_rdma_chunked_send_tokens}, "
-            f"{self.num_max_rdma_chunked_recv_tokens})"
+            f"Config({self._num_sms}, {self._num_max_nvl_chunked_send_tokens}, "
+            f"{self._num_max_nvl_chunked_recv_tokens}, {self._num_max_rdma_chunked_send_tokens}, "
+            f"{self._num_max_rdma_chunked_recv_tokens})"
         )
 
 
 def rdma_size_hint(config: Config, hidden_bytes: int, num_rdma_ranks: int) -> int:
     """``Config::get_rdma_buffer_size_hint`` for ``num_rdma_ranks`` RDMA ranks (nodes of 8 in the library)."""
-    num_channels = config.num_sms // 2
-    recv = config.num_max_rdma_chunked_recv_tokens
+    num_channels = config._num_sms // 2
+    recv = config._num_max_rdma_chunked_recv_tokens
     num_bytes = num_channels * num_rdma_ranks * (NUM_MAX_NVL_PEERS * 2 + 2) * 2 * 4
     num_bytes += num_channels * num_rdma_ranks * recv * hidden_bytes * 2
     num_bytes += num_channels * num_rdma_ranks * recv * SOURCE_META_BYTES * 2

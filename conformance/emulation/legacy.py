@@ -111,7 +111,7 @@ def v1_dispatch_nvl_bytes(
     num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int, num_scales: int
 ) -> int:
     """NVLink bytes an intranode dispatch needs (csrc/legacy/buffer.hpp:627-637)."""
-    queue = num_channels * num_ranks * config.num_max_nvl_chunked_recv_tokens
+    queue = num_channels * num_ranks * config._num_max_nvl_chunked_recv_tokens
     return (
         num_ranks * num_ranks * 4  # size prefix matrix
         + num_channels * num_ranks * 4  # channel start offset
@@ -129,7 +129,7 @@ def v1_combine_nvl_bytes(
     num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int
 ) -> int:
     """NVLink bytes an intranode combine needs (csrc/legacy/buffer.hpp:807-811)."""
-    queue = num_channels * num_ranks * config.num_max_nvl_chunked_recv_tokens
+    queue = num_channels * num_ranks * config._num_max_nvl_chunked_recv_tokens
     return num_channels * num_ranks * 4 * 2 + queue * hidden * elem_size + queue * 4 + queue * num_topk * 4
 
 
@@ -439,8 +439,8 @@ class Buffer:
         launchers (csrc/kernels/legacy/intranode.cu), in the library's order."""
         cached = cached_rank_prefix_matrix is not None
         num_ranks = self.group_size
-        check(config.num_sms % 2 == 0, "v1_dispatch_config_odd_sms")
-        num_channels = config.num_sms // 2
+        check(config._num_sms % 2 == 0, "v1_dispatch_config_odd_sms")
+        num_channels = config._num_sms // 2
         check(is_token_in_rank.dtype == torch.bool, "v1_dispatch_is_token_in_rank_dtype")
         if cached:
             check(cached_rank_prefix_matrix.dtype == torch.int32, "v1_dispatch_cached_rank_prefix_dtype")
@@ -512,7 +512,7 @@ class Buffer:
             "v1_dispatch_nvl_bytes_data",
         )
         check(num_scales * scale_hidden_stride < INT_MAX, "v1_dispatch_scale_stride")
-        _launch_error(config.num_sms, "v1_dispatch_zero_sms_launch", "v1_dispatch_too_many_sms_launch")
+        _launch_error(config._num_sms, "v1_dispatch_zero_sms_launch", "v1_dispatch_too_many_sms_launch")
 
     def _receive(
         self,
@@ -598,7 +598,7 @@ class Buffer:
     def _intranode_handle(
         self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor, num_worst_tokens: int = 0
     ) -> tuple:
-        num_channels = config.num_channels
+        num_channels = config._num_channels
         device = is_token_in_rank.device
         world, me = self.group_size, self.rank
         per_src = torch.tensor([int(p[:, me].sum()) for p in recv.gathered["in_rank"]], dtype=torch.int32)
@@ -661,7 +661,7 @@ class Buffer:
             is_recv_token_in_rank.shape[0],
             bias,
         )
-        _route.rewrite_send_head_for_combine(send_head, config.num_channels)
+        _route.rewrite_send_head_for_combine(send_head, config._num_channels)
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
 
     def _check_intranode_combine(
@@ -690,8 +690,8 @@ class Buffer:
         check(int32_nd(send_head, 2), "v1_combine_handle_tensor_734")
         check(int32_nd(rank_prefix_matrix, 2), "v1_combine_handle_tensor_735")
         check(int32_nd(channel_prefix_matrix, 2), "v1_combine_handle_tensor_737")
-        check(config.num_sms % 2 == 0, "v1_combine_config_odd_sms")
-        num_channels = config.num_sms // 2
+        check(config._num_sms % 2 == 0, "v1_combine_config_odd_sms")
+        num_channels = config._num_sms // 2
         num_tokens, hidden = x.shape
         num_recv_tokens = send_head.shape[0]
         check(src_idx.shape[0] == num_tokens, "v1_combine_x_rows")
@@ -850,8 +850,8 @@ class Buffer:
         The library's RDMA ranks are nodes of 8 GPUs; the emulation's are its nodes (``LOCAL_WORLD_SIZE``).
         """
         num_ranks, num_rdma_ranks = self.group_size, self._topo.num_nodes
-        num_channels = config.num_sms // 2
-        check(config.num_sms % 2 == 0, "v1_internode_odd_sms")
+        num_channels = config._num_sms // 2
+        check(config._num_sms % 2 == 0, "v1_internode_odd_sms")
         check(0 < num_rdma_ranks <= NUM_MAX_RDMA_PEERS, "v1_internode_rdma_ranks")
         if cached is None:
             check(num_tokens_per_rdma_rank is not None, "v1_internode_missing_rdma_layout")
@@ -909,9 +909,9 @@ class Buffer:
         rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
         if cached is None:  # notify_dispatch (internode.cu:430-437)
             rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
-                                         config.num_max_rdma_chunked_recv_tokens, num_channels)
+                                         config._num_max_rdma_chunked_recv_tokens, num_channels)
             nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
-                                       config.num_max_nvl_chunked_recv_tokens, num_channels)
+                                       config._num_max_nvl_chunked_recv_tokens, num_channels)
             check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_rdma_clean_meta")
             check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_nvl_clean_meta")
             check(rdma_hint < INT_MAX, "v1_internode_rdma_bytes_int")
@@ -934,9 +934,9 @@ class Buffer:
         """``internode::cached_notify``'s checks (csrc/kernels/legacy/internode.cu:1515-1519)."""
         num_rdma_ranks = self._topo.num_nodes
         rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
-                                     config.num_max_rdma_chunked_recv_tokens, num_channels)
+                                     config._num_max_rdma_chunked_recv_tokens, num_channels)
         nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
-                                   config.num_max_nvl_chunked_recv_tokens, num_channels)
+                                   config._num_max_nvl_chunked_recv_tokens, num_channels)
         del is_cached_dispatch  # the clean metadata does not depend on it
         check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_cached_notify_1515")
         check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_cached_notify_1516")
@@ -948,7 +948,7 @@ class Buffer:
     ) -> tuple:
         topo, me, world = self._topo, self.rank, self.group_size
         nodes, rpn = topo.num_nodes, topo.ranks_per_node
-        num_channels = config.num_channels
+        num_channels = config._num_channels
         device = is_token_in_rank.device
         in_rank = is_token_in_rank.to(torch.bool)
         in_node = in_rank.reshape(in_rank.shape[0], nodes, rpn).any(dim=2)
@@ -1071,12 +1071,12 @@ class Buffer:
         """The refusals of ``Buffer::internode_combine`` (csrc/legacy/buffer.hpp:1265-1361) and its launchers
         (csrc/kernels/legacy/internode.cu:1515-1519, 2366-2373), in the library's order."""
         num_ranks, num_rdma_ranks = self.group_size, self._topo.num_nodes
-        num_channels = config.num_sms // 2
+        num_channels = config._num_sms // 2
 
         def typed_nd(t: torch.Tensor, dims: int, dtype: torch.dtype) -> bool:
             return _contiguous_nd(t, dims) and t.dtype == dtype
 
-        check(config.num_sms % 2 == 0, "v1_internode_combine_odd_sms")
+        check(config._num_sms % 2 == 0, "v1_internode_combine_odd_sms")
         check(_contiguous_nd(x, 2), "v1_internode_combine_x")
         check(typed_nd(src_meta, 2, torch.uint8), "v1_internode_combine_handle_1269")
         check(typed_nd(is_combined_token_in_rank, 2, torch.bool), "v1_internode_combine_handle_1270")
@@ -1111,9 +1111,9 @@ class Buffer:
             check(topk_weights.shape[0] == num_tokens, "v1_internode_combine_weights_1317")
             check(topk_weights.dtype == torch.float32, "v1_internode_combine_weights_dtype")
             num_topk = topk_weights.shape[1]
-        check(config.num_max_nvl_chunked_recv_tokens % num_rdma_ranks == 0, "v1_internode_combine_nvl_recv_divisible")
+        check(config._num_max_nvl_chunked_recv_tokens % num_rdma_ranks == 0, "v1_internode_combine_nvl_recv_divisible")
         check(
-            config.num_max_nvl_chunked_send_tokens <= config.num_max_nvl_chunked_recv_tokens // num_rdma_ranks,
+            config._num_max_nvl_chunked_send_tokens <= config._num_max_nvl_chunked_recv_tokens // num_rdma_ranks,
             "v1_internode_combine_nvl_send_bound",
         )
         rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
@@ -1124,8 +1124,8 @@ class Buffer:
             check(tuple(b.shape) == (num_combined_tokens, hidden), "v1_internode_combine_bias_1361")
         # the combine launcher (internode.cu:2363-2373)
         warps_per_forwarder = max(NUM_COMBINE_FORWARDER_WARPS // num_rdma_ranks, 1)
-        nvl_recv, nvl_send = config.num_max_nvl_chunked_recv_tokens, config.num_max_nvl_chunked_send_tokens
-        rdma_send = config.num_max_rdma_chunked_send_tokens
+        nvl_recv, nvl_send = config._num_max_nvl_chunked_recv_tokens, config._num_max_nvl_chunked_send_tokens
+        rdma_send = config._num_max_rdma_chunked_send_tokens
         check(nvl_recv // num_rdma_ranks > max(rdma_send, nvl_send), "v1_internode_combine_chunk_bound")
         check(nvl_recv // num_rdma_ranks - warps_per_forwarder >= nvl_send, "v1_internode_combine_forwarder_room")
         check(rdma_send >= warps_per_forwarder, "v1_internode_combine_rdma_send_min")

@@ -223,9 +223,10 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         if shape.nodes != 1 or workers > 1:
             raise SetupError("--rank-setup shared: the ranks share one GPU of one host: use --nodes 1 and no -n")
         v2 = [s.name for s in (named or []) if s.api == "v2"]
-        if named is None or v2:
+        if (named is None or v2) and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
             raise SetupError("--rank-setup shared: ElasticBuffer builds an NCCL communicator, which refuses two ranks "
-                             "on one GPU; select V1 backends only (e.g. --backends real-v1,emulated-v1)")
+                             "on one GPU; select V1 backends only (e.g. --backends real-v1,emulated-v1), or set "
+                             "NCCL_MULTI_RANK_GPU_ENABLE=1 to let NCCL try (see docs/real-runs/README.md)")
     needed = 1 if shared else shape.size * max(1, workers)
     enough_gpus = len(gpus) >= needed
     if v["device"] == "cuda" or real_asked:

@@ -378,30 +378,54 @@ def deterministic_algorithms(fill_uninitialized_memory: bool) -> Iterator[None]:
         det.fill_uninitialized_memory = old_fill
 
 
+#: The library's recommended legacy configs without the SM count, by rank count: ``(nvl_send, nvl_recv,
+#: rdma_send, rdma_recv)`` of ``Buffer.get_dispatch_config`` / ``get_combine_config``
+#: (``deep_ep/buffers/legacy.py:246`` and ``:274``).  The real ``deep_ep._C.Config`` exposes no fields, so a
+#: recipe that needs a default config's numbers cannot read them back from the object.
+_DISPATCH_CONFIGS = {2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128), 16: (36, 288, 20, 128)}
+_COMBINE_CONFIGS = {2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128), 16: (4, 288, 12, 128)}
+
+
+@dataclass(frozen=True)
+class ConfigValues:
+    """The five numbers of a legacy ``Config`` (kept beside the object, which hides them)."""
+
+    num_sms: int
+    nvl_send: int
+    nvl_recv: int
+    rdma_send: int
+    rdma_recv: int
+
+    def build(self, module: Any) -> Any:
+        return module.Config(self.num_sms, self.nvl_send, self.nvl_recv, self.rdma_send, self.rdma_recv)
+
+
+def default_config_values(env: BadCallEnv, combine: bool = False, num_sms: int | None = None) -> ConfigValues:
+    """The numbers of the library's default dispatch (or combine) config for this group."""
+    config_ranks = env.world_size if env.num_nodes == 1 else env.num_nodes * NVL_PEERS
+    table = _COMBINE_CONFIGS if combine else _DISPATCH_CONFIGS
+    if config_ranks not in table:
+        raise ValueError(f"no recommended legacy config for {config_ranks} ranks in the recipe table")
+    return ConfigValues(env.module.Buffer.num_sms if num_sms is None else num_sms, *table[config_ranks])
+
+
 def default_config(env: BadCallEnv, combine: bool = False, num_sms: int | None = None) -> Any:
     """The library's default dispatch (or combine) config for this group, optionally with another SM count."""
-    config_ranks = env.world_size if env.num_nodes == 1 else env.num_nodes * NVL_PEERS
-    base = (env.module.Buffer.get_combine_config if combine else env.module.Buffer.get_dispatch_config)(config_ranks)
-    return env.module.Config(
-        base.num_sms if num_sms is None else num_sms,
-        base.num_max_nvl_chunked_send_tokens,
-        base.num_max_nvl_chunked_recv_tokens,
-        base.num_max_rdma_chunked_send_tokens,
-        base.num_max_rdma_chunked_recv_tokens,
-    )
+    return default_config_values(env, combine, num_sms).build(env.module)
 
 
-def v1_dispatch_nvl_bytes(num_ranks: int, config: Any, hidden_bytes: int, num_topk: int, num_scales: int) -> int:
+def v1_dispatch_nvl_bytes(num_ranks: int, config: ConfigValues, hidden_bytes: int, num_topk: int,
+                          num_scales: int) -> int:
     """NVLink bytes an intranode dispatch needs (the library's formula, csrc/legacy/buffer.hpp:627)."""
-    c, q = config.num_sms // 2, config.num_max_nvl_chunked_recv_tokens
+    c, q = config.num_sms // 2, config.nvl_recv
     queue = c * num_ranks * q
     return (num_ranks * num_ranks * 4 + c * num_ranks * 16 + queue * hidden_bytes + queue * 4 + queue * num_topk * 12
             + queue * 4 * num_scales)
 
 
-def v1_combine_nvl_bytes(num_ranks: int, config: Any, hidden_bytes: int, num_topk: int) -> int:
+def v1_combine_nvl_bytes(num_ranks: int, config: ConfigValues, hidden_bytes: int, num_topk: int) -> int:
     """NVLink bytes an intranode combine needs (csrc/legacy/buffer.hpp:807)."""
-    c, q = config.num_sms // 2, config.num_max_nvl_chunked_recv_tokens
+    c, q = config.num_sms // 2, config.nvl_recv
     queue = c * num_ranks * q
     return c * num_ranks * 8 + queue * hidden_bytes + queue * 4 + queue * num_topk * 4
 
@@ -786,7 +810,7 @@ def _(env: BadCallEnv, bad: bool) -> None:
 
 def _nvl_bytes_for_dispatch(env: BadCallEnv) -> int:
     ex = env.example
-    return align(v1_dispatch_nvl_bytes(env.world_size, default_config(env), ex.hidden * 2, ex.num_topk, 0),
+    return align(v1_dispatch_nvl_bytes(env.world_size, default_config_values(env), ex.hidden * 2, ex.num_topk, 0),
                  V1_ALIGNMENT)
 
 
@@ -957,7 +981,7 @@ def _combine_buffer(need: Callable[[BadCallEnv], int], short: int) -> Callable[[
 
 def _combine_bytes(env: BadCallEnv) -> int:
     ex = env.example
-    return align(v1_combine_nvl_bytes(env.world_size, default_config(env, True), ex.hidden * 2, ex.num_topk),
+    return align(v1_combine_nvl_bytes(env.world_size, default_config_values(env, True), ex.hidden * 2, ex.num_topk),
                  V1_ALIGNMENT)
 
 
