@@ -14,7 +14,6 @@ would bring back the duplicates this module replaced.)
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -38,9 +37,23 @@ _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class RecordsUnsupported(Protocol):
-    """Where the helpers note a backend's clean rejection of a configuration (the check's context)."""
+    """Where the helpers note a backend's clean rejection of a configuration, and which backend (or pair of
+    backends) they are checking, so that a failure is charged to it (the check's context)."""
 
     def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
+
+    def checking(self, backends: tuple[str, ...] | None) -> None: ...
+
+
+class Mismatch(AssertionError):
+    """A failed comparison that also carries what differs as data (the HTML report draws it): ``detail`` has
+    ``name``, ``rank``, ``index`` / ``labels`` (the first differing element), ``tokens`` (the offending source
+    tokens as ``[rank, token]``, when known), ``got`` / ``expected`` (``[{"col", "hex", "value"}]``), ``against``
+    and ``call``.  Its message is the same one-line message as any other failure."""
+
+    def __init__(self, message: str, detail: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
 # --------------------------------------------------------------------------------------------- formatting
@@ -70,6 +83,31 @@ def hex_row(row: torch.Tensor, columns: list[int]) -> str:
     else:
         return ", ".join(f"[{c}]={row[c].item()!r}" for c in columns)
     return ", ".join(f"[{c}]=0x{int(bits[c]) & mask:0{digits}x} ({float(row[c])!r})" for c in columns)
+
+
+def cells(row: torch.Tensor, columns: list[int]) -> list[dict[str, Any]]:
+    """``row``'s values at ``columns`` as data: ``{"col", "hex", "value"}`` (what :func:`hex_row` prints)."""
+    out = []
+    for c in columns:
+        value = row[c]
+        if row.dtype in (torch.bfloat16, torch.float16):
+            bits = f"0x{int(value.reshape(1).view(torch.int16)[0]) & 0xFFFF:04x}"
+        elif row.dtype == torch.float32:
+            bits = f"0x{int(value.reshape(1).view(torch.int32)[0]) & 0xFFFFFFFF:08x}"
+        else:
+            bits = ""
+        out.append({"col": int(c), "hex": bits, "value": repr(float(value) if value.is_floating_point()
+                                                             else value.item())})
+    return out
+
+
+def mismatch_detail(name: str, rank: int, index: Sequence[int], labels: Sequence[str], got_row: torch.Tensor,
+                    expected_row: torch.Tensor, columns: list[int], *, against: str, call: str,
+                    tokens: Sequence[tuple[int, int]] = ()) -> dict[str, Any]:
+    """The ``detail`` of a :class:`Mismatch` (see there)."""
+    return {"name": name, "rank": rank, "index": [int(i) for i in index], "labels": list(labels),
+            "tokens": [[int(r), int(t)] for r, t in tokens], "got": cells(got_row, columns),
+            "expected": cells(expected_row, columns), "against": against, "call": call}
 
 
 def weight_bits(value: torch.Tensor) -> int:
@@ -129,31 +167,28 @@ def for_each_backend(
             if isinstance(result, Unsupported):
                 recorder.record_unsupported(result, case)
                 continue
-            with about(recorder, backend):
-                value = check(rank, backend, result)
+            recorder.checking((backend,))
+            value = check(rank, backend, result)
             seen.append((backend, result if value is None else value))
         if pairwise is not None:
             for first, other in zip(seen, seen[1:], strict=False):
-                with about(recorder, first[0], other[0]):
-                    pairwise(rank, first, other)
-
-
-@contextlib.contextmanager
-def about(recorder: Any, *backends: str) -> Iterator[None]:
-    """An assertion failing inside the block is about ``backends`` (the name before a `` [`` suffix): noted on
-    the recorder (``record_failing``, where it has one) for the report's per-backend verdicts."""
-    try:
-        yield
-    except AssertionError:
-        note = getattr(recorder, "record_failing", None)
-        if note is not None:
-            note([b.split(" [", 1)[0] for b in backends])
-        raise
+                recorder.checking((first[0], other[0]))
+                pairwise(rank, first, other)
+    recorder.checking(None)
 
 
 def by_backend(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """``{backend: [result of rank 0, rank 1, ...]}`` (for checks that look at every rank at once)."""
     return {backend: [ranks[backend] for ranks in per_rank] for backend in (per_rank[0] if per_rank else {})}
+
+
+def per_backend(recorder: RecordsUnsupported, per_rank: list[dict[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
+    """:func:`by_backend`'s items, telling ``recorder`` which backend is being checked (a failure raised in the
+    loop body is charged to it)."""
+    for backend, results in by_backend(per_rank).items():
+        recorder.checking((backend,))
+        yield backend, results
+    recorder.checking(None)
 
 
 # -------------------------------------------------------------------------------------- bytes and counts
@@ -187,10 +222,13 @@ def assert_bytes_equal(
     row = first[:-1] if got.dim() > 1 else ()
     columns = differs[row].nonzero().flatten().tolist() if got.dim() > 1 else [first[0]]
     got_row, exp_row = (got[row], expected[row]) if got.dim() > 1 else (got, expected)
-    raise AssertionError(
+    tokens = [(rank, first[0])] if labels and labels[0] == "token" else []
+    raise Mismatch(
         f"{where(name, rank, first, labels)} bytes differ from {against} ({len(bad)} element(s) in all): "
         f"got {hex_row(got_row.flatten(), columns[:MAX_COLUMNS])}; "
-        f"expected {hex_row(exp_row.flatten(), columns[:MAX_COLUMNS])} [{call}]"
+        f"expected {hex_row(exp_row.flatten(), columns[:MAX_COLUMNS])} [{call}]",
+        mismatch_detail(name, rank, first, labels, got_row.flatten(), exp_row.flatten(), columns[:MAX_COLUMNS],
+                        against=against, call=call, tokens=tokens),
     )
 
 
@@ -228,18 +266,28 @@ def assert_receipts_equal(
         bad_rows = differs.nonzero().flatten().tolist()
         row = bad_rows[0]
         columns = (observed.x[row].view(torch.int16) != expected.x[row].view(torch.int16)).nonzero().flatten().tolist()
-        raise AssertionError(
+        expert, src_rank, src_token = obs_keys[row]
+        tokens = [(k[1], k[2]) for k in (obs_keys[r] for r in bad_rows[:MAX_LISTED])]
+        raise Mismatch(
             f"recv_x[rank {rank}, {_describe_key(obs_keys[row])}] bytes differ from {against} at "
             f"{len(columns)} column(s): got {hex_row(observed.x[row], columns[:MAX_COLUMNS])}; "
             f"expected {hex_row(expected.x[row], columns[:MAX_COLUMNS])}"
-            + (f" (and {len(bad_rows) - 1} more rows differ)" if len(bad_rows) > 1 else "") + f" [{call}]"
+            + (f" (and {len(bad_rows) - 1} more rows differ)" if len(bad_rows) > 1 else "") + f" [{call}]",
+            mismatch_detail("recv_x", rank, (expert, src_rank, src_token), ("expert", "src rank", "src token"),
+                            observed.x[row], expected.x[row], columns[:MAX_COLUMNS], against=against, call=call,
+                            tokens=tokens),
         )
     if not bytes_equal(observed.weight, expected.weight):
         row = int((tensor_bytes(observed.weight).view(-1, 4) != tensor_bytes(expected.weight).view(-1, 4))
                   .any(dim=1).nonzero()[0])
-        raise AssertionError(
+        expert, src_rank, src_token = obs_keys[row]
+        raise Mismatch(
             f"recv_topk_weights[rank {rank}, {_describe_key(obs_keys[row])}] = {float(observed.weight[row])!r}, "
-            f"expected {float(expected.weight[row])!r} ({against}) [{call}]"
+            f"expected {float(expected.weight[row])!r} ({against}) [{call}]",
+            mismatch_detail("recv_topk_weights", rank, (expert, src_rank, src_token),
+                            ("expert", "src rank", "src token"), observed.weight[row:row + 1],
+                            expected.weight[row:row + 1], [0], against=against, call=call,
+                            tokens=[(src_rank, src_token)]),
         )
 
 
@@ -323,12 +371,15 @@ def assert_within_bound(got: torch.Tensor, expected: ExpectedSum, *, two_level: 
     if not bool(bad.any()):
         return
     token, col = (int(i) for i in bad.nonzero()[0])
-    raise AssertionError(
+    exact = expected.exact[token].to(torch.float32)
+    raise Mismatch(
         f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r} is "
         f"{float(error[token, col]):.6g} from the exact sum {float(expected.exact[token, col])!r}, more than the "
         f"bound {float(bound[token, col]):.6g} (1/2 ulp_bf16 + float32 accumulation over "
         f"{int(expected.num_terms[token])} term(s){', two-level' if two_level else ''}); "
-        f"{int(bad.sum())} element(s) out of bound [{call}]"
+        f"{int(bad.sum())} element(s) out of bound [{call}]",
+        mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], exact, [col],
+                        against="the exact sum (float32 shown)", call=call, tokens=[(rank, token)]),
     )
 
 
@@ -367,6 +418,14 @@ def _first_bad(name: str, rank: int, bad: torch.Tensor, got: torch.Tensor, expec
             f"expected {hex_row(expected[token], columns[:MAX_COLUMNS])}")
 
 
+def _first_bad_detail(name: str, rank: int, bad: torch.Tensor, got: torch.Tensor, expected: torch.Tensor, *,
+                      against: str, call: str) -> dict[str, Any]:
+    token, col = (int(i) for i in bad.nonzero()[0])
+    columns = bad[token].nonzero().flatten().tolist()[:MAX_COLUMNS]
+    return mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], expected[token], columns,
+                           against=against, call=call, tokens=[(rank, token)])
+
+
 def assert_same_values(got: torch.Tensor, expected: torch.Tensor, *, name: str, rank: int, call: str,
                        against: str = "the oracle") -> None:
     """Every element has the same bytes, except that any NaN matches any NaN, -0.0 matches +0.0 and a subnormal
@@ -378,7 +437,8 @@ def assert_same_values(got: torch.Tensor, expected: torch.Tensor, *, name: str, 
     bad = ~same_value(got, expected)
     if bool(bad.any()):
         message = _first_bad(name, rank, bad, got, expected).replace(" differs ", f" differs from {against} ")
-        raise AssertionError(f"{message} [{call}]")
+        raise Mismatch(f"{message} [{call}]", _first_bad_detail(name, rank, bad, got, expected, against=against,
+                                                                call=call))
 
 
 def assert_sum_or_special(got: torch.Tensor, expected: ExpectedSum, expected_bf16: torch.Tensor, *, two_level: bool,
@@ -390,8 +450,9 @@ def assert_sum_or_special(got: torch.Tensor, expected: ExpectedSum, expected_bf1
     if bool(special.any()):
         wrong = special & ~same_value(got, expected_bf16)
         if bool(wrong.any()):
-            raise AssertionError(_first_bad(name, rank, wrong, got, expected_bf16)
-                                 + " (a non-finite sum; NaN matches any NaN)" + f" [{call}]")
+            raise Mismatch(_first_bad(name, rank, wrong, got, expected_bf16)
+                           + " (a non-finite sum; NaN matches any NaN)" + f" [{call}]",
+                           _first_bad_detail(name, rank, wrong, got, expected_bf16, against="the oracle", call=call))
     zero = torch.zeros((), dtype=torch.float64)
     finite = ExpectedSum(torch.where(special, zero, expected.exact), torch.where(special, zero, expected.abs_sum),
                          expected.num_terms, expected.num_groups)

@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         session.close()
+    for defect_id, seen in session.recorder.known_defects.items():
+        if seen["failed"]:
+            print(f"KNOWN DEFECT {args.property} ({defect_id}, {session.known_defects.path}): {seen['message']}")
+            return 1
     print(f"PASSED {args.property} on {', '.join(b.name for b in backends)}")
     return 0
 

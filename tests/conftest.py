@@ -20,6 +20,7 @@ def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_pat
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), *extra_path)))
     env.pop("CONFORMANCE_DEEP_EP", None)
+    env.pop("GITHUB_STEP_SUMMARY", None)  # a self-test's inner run must not write into CI's job summary
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     report_path = report_dir / "conformance.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}

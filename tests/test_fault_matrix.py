@@ -72,11 +72,12 @@ def test_crash_on_construction_fails_every_property_fast_with_one_headline(tmp_p
     assert headline in proc.stdout[summary_start:summary_start + 600], proc.stdout[-3000:]
     report = _report(reports)
     assert report["headline"][0].startswith(headline)
-    assert [p["status"] for p in report["properties"]] == ["failed"] * PROPERTIES
-    for entry in report["properties"]:  # each names the broken backends it uses (P8 and P11 are V2's only)
-        v2_only = entry["id"] in ("P8-expand-layout", "P11-qp-cap")
-        assert ("SIGSEGV in Buffer.__init__" in entry["message"]) is not v2_only, entry["message"]
-        assert "SIGSEGV in ElasticBuffer.__init__" in entry["message"], entry["message"]
+    # P14 (the API surface) runs anyway: the surface is what explains a broken build; it makes no call there.
+    assert [p["status"] for p in report["properties"]] == ["failed"] * (PROPERTIES - 1) + ["passed"]
+    crashed = {"emulated-v1": "SIGSEGV in Buffer.__init__", "emulated-v2": "SIGSEGV in ElasticBuffer.__init__"}
+    for entry in report["properties"][:-1]:
+        used = [b for b in entry["verdicts"] if b in crashed]  # P8 and P11 use V2 only
+        assert used and all(crashed[b] in entry["message"] for b in used), entry["message"]
 
 
 def test_a_rank_dying_in_dispatch_spends_a_bounded_budget(tmp_path: Path) -> None:
@@ -166,8 +167,9 @@ TORCH_AT_COLLECTION = "torch" in sys.modules
 
 def test_guest_state():
     assert not TORCH_AT_COLLECTION, "torch was imported before the tests were collected"
-    assert settings._current_profile == "default", settings._current_profile
-    assert settings.default.max_examples == 100, settings.default.max_examples
+    # Hypothesis picks its own profile ("default", or "ci" where the CI variable is set): printed, and compared
+    # with the same run without the plugin.
+    print(f"GUEST-STATE profile={settings._current_profile} max_examples={settings.default.max_examples}")
 
 
 @settings(database=None)
@@ -195,13 +197,16 @@ def test_installed_plugin_is_a_guest_in_an_unrelated_run(tmp_path: Path) -> None
         folder.mkdir()
         (folder / "test_theirs.py").write_text(GUEST_TEST)
         before = _files(folder)
-        proc, took = _pytest(["-q", "-p", "no:cacheprovider", *extra], cwd=folder, env={"PYTHONPATH": ""})
+        proc, took = _pytest(["-q", "-s", "-p", "no:cacheprovider", *extra], cwd=folder, env={"PYTHONPATH": ""})
         assert proc.returncode == 0, proc.stdout[-3000:]
-        runs[name] = (_files(folder) - before, took)
-        print(f"unrelated run {name} the plugin: {took:.1f} s, new files {sorted(runs[name][0])}")
+        state = [line for line in proc.stdout.splitlines() if "GUEST-STATE" in line]
+        assert len(state) == 1, proc.stdout[-3000:]
+        runs[name] = (_files(folder) - before, took, state[0][state[0].index("GUEST-STATE"):])
+        print(f"unrelated run {name} the plugin: {took:.1f} s, {runs[name][2]}, new files {sorted(runs[name][0])}")
+    assert runs["with"][2] == runs["without"][2], "the plugin changed Hypothesis' settings in someone else's run"
     # Hypothesis caches the constants of every module it finds outside site-packages under .hypothesis/constants:
     # with an editable install that includes the plugin's own modules (a regular install is in site-packages).
-    ours = {name: {f for f in files if not f.startswith(".hypothesis")} for name, (files, _) in runs.items()}
+    ours = {name: {f for f in files if not f.startswith(".hypothesis")} for name, (files, _, _) in runs.items()}
     assert ours["with"] == ours["without"], "the plugin wrote files into someone else's run"
     assert not any(f.startswith("reports") or f.endswith(".xml") for f in runs["with"][0])
 

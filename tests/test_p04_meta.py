@@ -69,7 +69,7 @@ class OneApiContext:
     shape: object
     divergences: dict = field(default_factory=dict)
 
-    def record_divergence(self, key: str, message: str) -> None:
+    def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None:
         self.divergences[key] = message
 
     def record_unsupported(self, item: object, case: object) -> None:
@@ -77,6 +77,9 @@ class OneApiContext:
 
     def record_artifact(self, key: str, value: object) -> None:
         raise AssertionError(f"unexpected artifact {key}")
+
+    def checking(self, backends: tuple[str, ...] | None) -> None:
+        pass
 
 
 def test_p4_no_divergence_with_one_api_selected(emulated_session) -> None:

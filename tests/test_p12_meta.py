@@ -39,10 +39,30 @@ def test_p12_catches_too_many_tokens_accepted_and_truncated(emulated_session) ->
     assert "returned normally" in message
 
 
-def test_p12_reports_the_upstream_cached_dispatch_typeerror_as_a_divergence(emulated_session) -> None:
-    emulated_session.recorder.divergences.clear()
-    assert_holds(emulated_session, P12, [case_of("v2_dispatch_num_experts_none")])
-    assert "emulated-v2:cached-dispatch-without-num-experts" in emulated_session.recorder.divergences
+def test_p12_reports_the_upstream_cached_dispatch_typeerror_as_a_known_defect(emulated_session) -> None:
+    """The emulation mimics DeepEP 2.1.0's TypeError on a cached dispatch without num_experts: the known-defects
+    entry matches it (known-defect, nothing raised); with the upstream fix planted the same case holds and the
+    entry counts it as held (fixed); an unrelated failure of the same case (a corrupted buffer after the call) is
+    never swallowed by the entry."""
+    from conformance.harness.session import Recorder
+
+    case = case_of("v2_dispatch_num_experts_none")
+    entry_id = "v2-cached-dispatch-without-num-experts"
+    emulated_session.recorder = Recorder()
+    assert_holds(emulated_session, P12, [case])
+    seen = emulated_session.recorder.known_defects[entry_id]
+    assert seen["failed"] == 1 and seen["held"] == 0 and "unsupported operand type(s)" in seen["message"]
+    verdict = emulated_session.recorder.tally.as_dict()["emulated-v2"]
+    assert verdict["status"] == "known-defect" and verdict["defects"] == {entry_id: 1}
+    emulated_session.recorder = Recorder()
+    assert_holds(emulated_session, P12, [case], mutant="v2-cached-dispatch-fixed")
+    assert emulated_session.recorder.known_defects[entry_id] == {"failed": 0, "held": 1, "example": None,
+                                                                "message": None}
+    assert emulated_session.recorder.tally.as_dict()["emulated-v2"]["status"] == "passed"
+    emulated_session.recorder = Recorder()
+    with emulated_session.planted("refusal-corrupts-buffer"), pytest.raises(AssertionError, match="bytes differ"):
+        emulated_session.check(P12, case)
+    emulated_session.recorder = Recorder()
 
 
 def test_p12_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:

@@ -57,3 +57,64 @@ def test_divergence_outranks_unsupported_and_markdown_names_everything() -> None
     assert "## FAILED P5-combine" in text and "Reproduce: `python -m conformance.repro" in text
     assert "## DIVERGENCE P5-combine: P4" in text and "Capability regression: emulated-v1" in text
     assert document["summary"]["failed"] == 1 and document["summary"]["divergence"] == 1
+
+
+# ----------------------------------------------------------------------------------------- schema 3 verdicts
+def _column(status: str, held: int, checked: int, excluded: int = 0, **extra) -> dict:
+    return {"status": status, "checked": checked, "held": held, "failed": extra.pop("failed", 0),
+            "known_defect": extra.pop("known_defect", 0), "divergent": 0, "excluded": excluded,
+            "exclusions": {"ElasticBuffer.combine with hidden == 128": excluded} if excluded else {},
+            "defects": extra.pop("defects", {}), "divergences": []}
+
+
+def test_a_backend_checked_on_some_examples_is_not_unsupported_and_one_checked_on_none_is() -> None:
+    partly = {"emulated-v1": _column("passed", 25, 25), "emulated-v2": _column("passed", 20, 20, 5),
+              "emulated-v1 vs emulated-v2": _column("passed", 20, 20)}
+    rejected = {"emulated-v2": {"call": "ElasticBuffer.combine", "error": "RuntimeError", "count": 5,
+                                "condition": "ElasticBuffer.combine with hidden == 128", "example": EXAMPLE}}
+    entry = entry_from_report(_report("passed", unsupported=rejected, verdicts=partly), CONFIG)
+    assert entry.status == "passed" and entry.verdicts["emulated-v2"]["excluded"] == 5
+    never = {**partly, "emulated-v2": _column("unsupported", 0, 0, 25)}
+    assert entry_from_report(_report("passed", unsupported=rejected, verdicts=never), CONFIG).status == "unsupported"
+    known = {**partly, "emulated-v2": _column("known-defect", 19, 20, 5, known_defect=1, defects={"kd": 1})}
+    assert entry_from_report(_report("passed", verdicts=known), CONFIG).status == "known-defect"
+
+
+def test_the_matrix_says_the_verdict_the_counts_and_the_exclusion_beside_it() -> None:
+    from conformance.reporting.matrix import cell
+    from conformance.reporting.report import markdown_matrix, step_summary, summary_lines
+
+    verdicts = {"emulated-v1": _column("passed", 25, 25), "emulated-v2": _column("passed", 20, 20, 5),
+                "emulated-v1 vs emulated-v2": _column("passed", 20, 20)}
+    entry = entry_from_report(_report("passed", verdicts=verdicts), CONFIG)
+    failed = entry_from_report(_report("failed", verdicts={"emulated-v1": _column("failed", 3, 4, failed=1)}),
+                               CONFIG)
+    failed.id = "P1-per-expert-payloads"
+    document = {"environment": {"backends": [{"name": "emulated-v1", "real": False},
+                                             {"name": "emulated-v2", "real": False}], "seed": 7},
+                "properties": [vars(entry), vars(failed)], "summary": summarise([entry, failed]), "complete": True,
+                "path": "reports/conformance.json", "headline": []}
+    status, reason = cell(vars(entry), "emulated-v2")
+    assert status == "passed" and "20/20 checked examples held" in reason
+    assert "5 excluded by a known limit (ElasticBuffer.combine with hidden == 128: 5)" in reason
+    table = "\n".join(markdown_matrix(document))
+    assert "| P5-combine | passed | passed 25/25 | passed 20/20 +5x" in table and "**FAILED** 3/4" in table
+    assert "## DeepEP conformance" in step_summary(document) and "| property | status |" in step_summary(document)
+    lines = [text for text, _ in summary_lines(document)]
+    assert lines[0].split()[:5] == ["property", "status", "emulated-v1", "emulated-v2", "v1~v2"]
+    assert any(line.startswith("P5-combine") and "passed 20/20 +5x" in line for line in lines)
+    assert any(line.startswith("slowest: ") for line in lines)
+
+
+def test_github_step_summary_gets_the_matrix(tmp_path, monkeypatch) -> None:
+    from conformance.reporting.report import finish_run
+
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    entry = entry_from_report(_report("passed", verdicts={"emulated-v1": _column("passed", 25, 25)}), CONFIG)
+    document = finish_run(str(tmp_path / "reports"), CONFIG, [entry], 1.0, write_baseline=str(tmp_path / "b.json"))
+    text = summary.read_text()
+    assert text.startswith("earlier step\n## DeepEP conformance") and "| P5-combine | passed | passed 25/25" in text
+    assert json.loads((tmp_path / "b.json").read_text())["schema"] == 3
+    assert document["step_summary"] == str(summary)

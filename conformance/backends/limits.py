@@ -22,6 +22,7 @@ class Limit:
     operation: str
     applies: Callable[[Example], bool]
     reason: str
+    condition: str  # ``applies`` in words, for reports: the configurations excluded
 
 
 #: World sizes the legacy Buffer's default dispatch/combine configs cover (deep_ep/buffers/legacy.py).
@@ -32,6 +33,7 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
         api="v1",
         operation=operation,
         applies=lambda example: example.world_size not in V1_CONFIGURED_RANKS,
+        condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
         reason="Buffer's default configs cover only 2, 4, 8, 16, ... 160 ranks ('Unsupported number of EP ranks: N', "
                "deep_ep/buffers/legacy.py:259)",
     ) for operation in ("dispatch", "combine")),
@@ -39,6 +41,7 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
         api="v2",
         operation="combine",
         applies=lambda example: example.hidden == 128,
+        condition="hidden == 128",
         reason="ElasticBuffer.combine's JIT build rejects hidden=128 ('Invalid hidden'), seen on DeepEP 2.1.0",
     ),
 )

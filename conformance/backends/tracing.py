@@ -18,6 +18,9 @@ from conformance.world.rank import current_call
 #: The classes traced, with the API each belongs to.
 TRACED = {"Buffer": "v1", "ElasticBuffer": "v2"}
 _traced: set[int] = set()
+#: ``(impl, "Class.method") -> len(result)`` of every traced call that returned a tuple in this rank process (the
+#: API surface records it: a changed return arity breaks every caller that unpacks).
+RETURN_ARITY: dict[tuple[str, str], int] = {}
 
 
 #: Attribute of a traced wrapper holding the function it calls (a planted defect replaces that, so the trace
@@ -26,10 +29,15 @@ TARGET = "__traced_target__"
 
 
 def _traced_function(function: Any, name: str) -> Any:
+    impl, _, method = name.partition("|")
+
     @functools.wraps(function)
     def traced(*args: Any, **kwargs: Any) -> Any:
         with current_call(name):
-            return getattr(traced, TARGET)(*args, **kwargs)
+            result = getattr(traced, TARGET)(*args, **kwargs)
+        if isinstance(result, tuple):
+            RETURN_ARITY[(impl.rsplit("-", 1)[0], method)] = len(result)
+        return result
 
     setattr(traced, TARGET, function)
     return traced

@@ -84,7 +84,9 @@ def method_entry(cls: type, name: str) -> dict[str, Any]:
 def _find_class(module: Any, name: str) -> type | None:
     if hasattr(module, name):
         return getattr(module, name)
-    for owner in ("ElasticBuffer", "Buffer"):  # EPHandle lives next to ElasticBuffer in deep_ep.buffers.elastic
+    if name in ("Buffer", "ElasticBuffer"):  # the buffer classes count only under their own name
+        return None
+    for owner in ("ElasticBuffer", "EPBuffer", "Buffer"):  # EPHandle lives next to ElasticBuffer
         holder = sys.modules.get(getattr(getattr(module, owner, None), "__module__", ""), None)
         if holder is not None and hasattr(holder, name):
             return getattr(holder, name)
@@ -115,6 +117,12 @@ def surface_of(module_name: str) -> dict[str, Any]:
         cls = _find_class(module, class_name)
         if cls is not None:
             surface["classes"][class_name] = {m: method_entry(cls, m) for m in _public_methods(cls)}
+    exported = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
+    surface["exports"] = exported
+    for name in exported:  # a buffer class under another name (e.g. V2.5's EPBuffer): its methods too
+        cls = getattr(module, name)
+        if name not in surface["classes"] and hasattr(cls, "dispatch") and hasattr(cls, "combine"):
+            surface["classes"][name] = {m: method_entry(cls, m) for m in _public_methods(cls)}
     return surface
 
 
@@ -204,22 +212,55 @@ def diff_surface(expected: dict[str, Any], observed: dict[str, Any]) -> list[Cha
         got = observed["probe"].get(key)
         if got != value:
             changes.append(Change(f"import {key}", "probe-changed", f"{value!r} -> {got!r}", True))
+    added_classes = [c for c in observed["classes"] if c not in expected["classes"]]
     for class_name, methods in expected["classes"].items():
         got_methods = observed["classes"].get(class_name)
         if got_methods is None:
-            changes.append(Change(class_name, "removed-class", "class not found", True))
+            renamed = _renamed_to(methods, {c: observed["classes"][c] for c in added_classes})
+            if renamed is not None:
+                added_classes.remove(renamed)
+                changes.append(Change(class_name, "renamed-class", f"renamed to {renamed!r} (same methods); "
+                                      f"{class_name!r} is no longer importable", True))
+                changes += _diff_methods(renamed, methods, observed["classes"][renamed], expected)
+            else:
+                changes.append(Change(class_name, "removed-class", "class not found", True))
             continue
-        for name, entry in methods.items():
-            where = f"{class_name}.{name}"
-            if name not in got_methods:
-                changes.append(Change(where, "removed-method", "method not found", True))
-                continue
-            if got_methods[name]["static"] != entry["static"]:
-                changes.append(Change(where, "static-changed", f"static {entry['static']} -> "
-                                      f"{got_methods[name]['static']}", True))
-            changes += _diff_params(where, entry["params"], got_methods[name]["params"])
-        for name in sorted(set(got_methods) - set(methods) - set(expected.get("not_covered", {}).get(class_name, []))):
-            changes.append(Change(f"{class_name}.{name}", "added-method", "not in the snapshot", False))
+        changes += _diff_methods(class_name, methods, got_methods, expected)
+    for class_name in added_classes:
+        changes.append(Change(class_name, "added-class", "a class not in the snapshot", False))
+    old_returns, new_returns = expected.get("returns") or {}, observed.get("returns") or {}
+    for method in sorted(set(old_returns) & set(new_returns)):
+        if old_returns[method] != new_returns[method]:
+            changes.append(Change(f"{method}()", "return-arity-changed",
+                                  f"returns a {new_returns[method]}-tuple, was a {old_returns[method]}-tuple", True))
+    return changes
+
+
+def _renamed_to(methods: dict[str, Any], candidates: dict[str, dict[str, Any]]) -> str | None:
+    """The added class that carries (at least 80% of) a removed class' methods, if one does."""
+    best, share = None, 0.0
+    for name, got in candidates.items():
+        overlap = len(set(methods) & set(got)) / max(1, len(methods))
+        if overlap > share:
+            best, share = name, overlap
+    return best if share >= 0.8 else None
+
+
+def _diff_methods(class_name: str, methods: dict[str, Any], got_methods: dict[str, Any],
+                  expected: dict[str, Any]) -> list[Change]:
+    changes: list[Change] = []
+    not_covered = set(expected.get("not_covered", {}).get(class_name, []))
+    for name, entry in methods.items():
+        where = f"{class_name}.{name}"
+        if name not in got_methods:
+            changes.append(Change(where, "removed-method", "method not found", True))
+            continue
+        if got_methods[name]["static"] != entry["static"]:
+            changes.append(Change(where, "static-changed", f"static {entry['static']} -> "
+                                  f"{got_methods[name]['static']}", True))
+        changes += _diff_params(where, entry["params"], got_methods[name]["params"])
+    for name in sorted(set(got_methods) - set(methods) - not_covered):
+        changes.append(Change(f"{class_name}.{name}", "added-method", "not in the snapshot", False))
     return changes
 
 

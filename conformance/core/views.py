@@ -48,6 +48,7 @@ class Unsupported:
     backend: str
     call: str
     error: str
+    condition: str = ""  # the known limit's condition, e.g. "hidden == 128" (backends.limits)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,10 @@ class RunConfig:
     deep_ep: str | None = None
     #: What each plug-in declared (its probe, by target), for the report and the xdist workers.
     plugin_probes: dict = field(default_factory=dict)
+    #: Known-defects file: ``auto`` (by the DeepEP version under test), ``none``, or a path (harness.known_defects).
+    known_defects: str = "auto"
+    #: Hypothesis' example database (failing examples, replayed first next time); ``None``: no database.
+    database_dir: str | None = None
 
     @property
     def world_size(self) -> int:

@@ -1,7 +1,12 @@
 """Runs one property under Hypothesis, with the run's own settings and the crash/hang budget.
 
-The settings (examples, seed, health checks) are applied to the suite's own tests here, never through a
-global Hypothesis profile: a pytest run that also holds other Hypothesis tests keeps their settings.
+The settings (examples, seed, health checks, the example database) are applied to the suite's own tests here,
+never through a global Hypothesis profile: a pytest run that also holds other Hypothesis tests keeps their settings.
+
+The example database lives in the report directory (``<report dir>/hypothesis``): every failing example Hypothesis
+finds is stored there under a key of the property, the world size and the planted mutant, and the next run with
+the same report directory replays the stored counterexamples before drawing new ones, so a red CI stays red on the
+same case until it is fixed (and a fixed case is dropped from the database).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, seed, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance.harness.faults import BudgetExhausted, describe_cause
 from conformance.properties import NotApplicable, Property
@@ -39,7 +45,7 @@ def run_property(session: Any, prop: Property) -> None:
     recorder.seen = {name: seen for name, seen in session.seen.items() if name in task_settings.names}
     healthy = [name for name in task_settings.names if name not in broken]
     broken_message = ""
-    if broken:
+    if broken and not prop.runs_when_broken:
         recorder.cause = {"kind": "construction", "broken": broken}
         broken_message = (
             f"{property_id}: the library is broken on buffer construction (construction preflight, before any "
@@ -47,7 +53,6 @@ def run_property(session: Any, prop: Property) -> None:
             + ". Every property using these backends fails with this cause."
             + (f" The other backends ({', '.join(healthy)}) were checked." if healthy else ""))
         if not healthy:
-            recorder.failing = sorted(broken)
             pytest.fail(broken_message.replace(f"{property_id}:", f"{property_id} not checked:", 1), pytrace=False)
     budget = session.budget
     if budget.run_exhausted():
@@ -57,20 +62,32 @@ def run_property(session: Any, prop: Property) -> None:
     budget.start_property()
     config = session.config
 
-    @settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED)
-    @given(case=prop.strategy(config.shape))
-    def body(case: Any) -> None:
+    def check_one(case: Any) -> None:
         started = time.monotonic()
         try:
             session.check(property_id, case)
         except RankFailure as failure:
             budget.charge(failure, case, time.monotonic() - started)
             raise
+        finally:
+            session.progress(property_id, recorder.examples)
+
+    # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
+    # which every property shares here).
+    check_one._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+        f"{property_id}|world={config.world_size}|mutant={session.mutant}".encode())
+    database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
+    body = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
+                    database=database)(given(case=prop.strategy(config.shape))(check_one))
 
     for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
         body = example(case=case)(body)
     if config.seed is not None:
         body = seed(config.seed)(body)
+        # ``@seed`` switches the database off (for exact reproduction); the stored counterexamples must still be
+        # replayed first, and the seeded draws follow them unchanged.
+        body._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+            body._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
 
     try:
         body()
@@ -78,6 +95,5 @@ def run_property(session: Any, prop: Property) -> None:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
-    if broken:
-        recorder.failing = sorted(broken)
+    if broken_message:
         pytest.fail(broken_message, pytrace=False)

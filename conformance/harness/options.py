@@ -51,9 +51,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--rank-setup", "on GPUs: isolated (each rank sees only its own GPU; buffers on the default group), "
            "recorder (every rank sees its node's GPUs and calls set_device(LOCAL_RANK); buffers on "
            "dist.new_group(list(range(world))), the set-up fixtures/deepep-real was recorded with), or shared "
-           "(every rank on one GPU, time-sliced, over a gloo group: V1's intranode path only, for a machine with "
-           "fewer GPUs than ranks) (default isolated)", str, "isolated", "SETUP", RANK_SETUPS),
-    Option("--report-dir", "where reports are written (default reports)", str, "reports", "DIR"),
+           "(every rank on one GPU, time-sliced, over a gloo group, for a machine with fewer GPUs than ranks: "
+           "V1's intranode path; V2 too where NCCL_MULTI_RANK_GPU_ENABLE=1 is set) (default isolated)", str, "isolated",
+           "SETUP", RANK_SETUPS),
+    Option("--report-dir", "where reports (conformance.json/.md/.html, junit.xml) and the stored counterexamples "
+           "(hypothesis/, replayed first by the next run) go (default reports)", str, "reports", "DIR"),
     Option("--max-examples", f"Hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES})", int,
            DEFAULT_MAX_EXAMPLES, "N"),
     Option("--example-timeout", "seconds one example may take on the ranks before they are declared hung "
@@ -63,8 +65,11 @@ OPTIONS: tuple[Option, ...] = (
            int, 3, "N"),
     Option("--conformance-seed", "seed of every draw (default: random, printed in the header and the report)",
            int, None, "N"),
-    Option("--baseline", "a previous conformance.json: fail if a property regressed, a capability disappeared "
-           "or the API surface changed", str, None, "FILE"),
+    Option("--baseline", "a previous conformance.json (or a file of --write-baseline): fail, one paragraph per "
+           "reason, if a property that held fails, a capability became unsupported, a divergence or known defect "
+           "appeared, vanished or changed, or the API surface changed incompatibly", str, None, "FILE"),
+    Option("--known-defects", "known-defects file (default auto: conformance/known_defects/deep_ep-<version>.toml "
+           "of the DeepEP version under test; none: no known defects)", str, None, "FILE"),
     Option("--mutant", "plant a registered defect in the emulation (self-tests; see docs/mutation.md)", str, None,
            "NAME"),
     Option("--deep-ep", "what 'import deep_ep' gives in the rank processes, for plug-in backends and other "
@@ -278,6 +283,14 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         if not any(not b.real for b in named):
             raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
                              f"no emulated backend")
+    known_defects = v["known_defects"] or "auto"
+    if known_defects not in ("auto", "none"):
+        from conformance.harness.known_defects import load
+
+        try:
+            load(known_defects)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
     gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size]) if device == "cuda" else ()
     rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
     rank_env[DEEP_EP_ENV] = deep_ep or ""  # resolved here; the ranks never see "auto" (nor an inherited value)
@@ -298,4 +311,6 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         deep_ep=deep_ep,
         rank_setup=v["rank_setup"],
         plugin_probes={spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
+        known_defects=known_defects,
+        database_dir=os.path.join(os.path.abspath(v["report_dir"]), "hypothesis"),
     )

@@ -2,11 +2,19 @@
 
 It holds the run's state (configuration, the worker's session, the report entries) and implements the hooks
 that only a conformance run needs: set-up checks, the xdist seed hand-over, the report header, recording each
-property's outcome, the reports, the version gate and the terminal summary.
+property's outcome, progress, the reports, the version gate and the terminal summary.
+
+Progress (through pytest's terminal reporter, never ``print``): when a property finishes, the controller writes
+one line with its verdict, examples and time, and the examples done so far by the properties still running.
+Those counts come from ``<report dir>/.progress/<worker>.json``, which each worker rewrites (at most once a
+second) as examples finish: pytest-xdist forwards a test's report only when the test ends, so the controller reads
+them whenever any report arrives.  Without xdist the running property also gets a line every 20 examples or
+30 seconds.  ``-qq`` turns progress off.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -32,15 +40,36 @@ class ConformanceRun:
         self.document: dict[str, Any] | None = None
         self.baseline: dict[str, Any] | None = None
         self.session: Any = None
+        values = option_values(config.option)
+        seed_note = None
+        if not self.is_worker and values["baseline"]:
+            self.baseline = self._load_baseline(values["baseline"])
+            seed = self.baseline.get("environment", {}).get("seed")
+            if config.option.conformance_seed is None and isinstance(seed, int):
+                # Same draws as the baseline: the gate compares the two builds on the same examples (a divergence
+                # or known defect a random draw happens to miss is not mistaken for a change).
+                config.option.conformance_seed = seed
+                seed_note = f"seed {seed} taken from the baseline (--conformance-seed overrides it)"
         try:
             self.run = self._resolve(workerinput)
         except SetupError as exc:
             raise pytest.UsageError(str(exc)) from None
-        values = option_values(config.option)
+        if seed_note:
+            import dataclasses
+
+            self.run = dataclasses.replace(self.run, notes=(*self.run.notes, seed_note))
         self.report_dir = values["report_dir"]
+        self.write_baseline = values["write_baseline"]
+        self.worker_id = workerinput.get("workerid", "gw0") if workerinput is not None else "main"
+        self.progress_dir = os.path.join(os.path.abspath(self.report_dir), ".progress")
+        self._last_progress = (0.0, 0)
+        self.done = 0
         if not self.is_worker:
-            if values["baseline"]:
-                self.baseline = self._load_baseline(values["baseline"])
+            for stale in (os.listdir(self.progress_dir) if os.path.isdir(self.progress_dir) else []):
+                try:  # progress files of an earlier run that was killed
+                    os.remove(os.path.join(self.progress_dir, stale))
+                except OSError:
+                    pass
             if not config.option.xmlpath and not config.option.collectonly:
                 config.option.xmlpath = os.path.join(self.report_dir, "junit.xml")
 
@@ -99,11 +128,63 @@ class ConformanceRun:
         from conformance.harness.session import Session
 
         self.session = Session(self.run)
+        self.session.on_progress = self._progress
         try:
             yield self.session
         finally:
             self.session.close()
             self.session = None
+            if self.is_worker:
+                try:
+                    os.remove(os.path.join(self.progress_dir, f"{self.worker_id}.json"))
+                except OSError:
+                    pass
+
+    # ---------------------------------------------------------------------------------------- progress
+    def _progress(self, property_id: str, examples: int) -> None:
+        """(worker side) one more example of ``property_id`` done."""
+        now = time.monotonic()
+        last_time, last_count = self._last_progress
+        if self.is_worker:
+            if now - last_time < 1.0:
+                return
+            self._last_progress = (now, examples)
+            os.makedirs(self.progress_dir, exist_ok=True)
+            path = os.path.join(self.progress_dir, f"{self.worker_id}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"property": property_id, "examples": examples, "max_examples": self.run.max_examples,
+                           "time": time.time()}, f)
+            os.replace(path + ".tmp", path)
+            return
+        if examples < last_count:
+            last_count = 0
+        if examples - last_count >= 20 or (now - last_time >= 30.0 and examples > last_count):
+            self._last_progress = (now, examples)
+            self._write_progress(f"conformance: {property_id} running, {examples} examples done "
+                                 f"(at most {self.run.max_examples} drawn, plus shrinking)")
+
+    def _write_progress(self, line: str, **style: bool) -> None:
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and self.config.get_verbosity() > -2:
+            reporter.write_line(line, **style)
+
+    def _running(self) -> list[str]:
+        """(controller) ``P1-... 12 examples`` per property a worker is running now."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.progress_dir))
+        except OSError:
+            return out
+        for name in names:
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.progress_dir, name)) as f:
+                    seen = json.load(f)
+            except (OSError, ValueError):
+                continue
+            out.append(f"{seen['property']} {seen['examples']} examples ({name[:-5]})")
+        return out
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -133,20 +214,34 @@ class ConformanceRun:
             return
         from conformance.reporting.report import entry_from_report
 
-        entry = entry_from_report(report, self.run)
+        entry = entry_from_report(report, self.run, self.report_dir)
         if entry is not None:
             self.entries.append(entry)
+            self.done += 1
+            running = [r for r in self._running() if not r.startswith(entry.id + " ")]
+            counts = "".join(f", {name} {v['held']}/{v['checked']}" for name, v in entry.verdicts.items()
+                             if v.get("status") != "not-checked")
+            self._write_progress(
+                f"conformance: [{self.done} done] {entry.id} {entry.status}: {entry.examples} examples in "
+                f"{entry.wall_s:.1f} s (held/checked{counts or ' -'})"
+                + (f"; running: {'; '.join(running)}" if running else ""),
+                red=entry.status == "failed")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.is_worker or self.config.option.collectonly:
             return
         from conformance.reporting.report import finish_run
 
+        try:
+            os.rmdir(self.progress_dir)  # the workers removed their files; an empty folder is left otherwise
+        except OSError:
+            pass
+
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
                                    baseline=self.baseline, interrupted=interrupted,
                                    allow_partial=bool(self.config.option.allow_partial),
-                                   write_baseline=option_values(self.config.option)["write_baseline"])
+                                   write_baseline=self.write_baseline)
         if (self.document.get("gate_failed") or self.document.get("baseline_refused")) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

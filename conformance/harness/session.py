@@ -13,9 +13,11 @@ from conformance.core.spec import CAPABILITIES
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import FaultBudget, cause_of
+from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
+from conformance.harness.verdicts import Tally
 from conformance.properties import NotApplicable, Property, catalog
 from conformance.tasks.env import TaskSettings
-from conformance.world.errors import RankFailure
+from conformance.world.errors import RankFailure, RankRaised
 from conformance.world.launcher import World, WorldShape
 
 
@@ -27,6 +29,7 @@ class Recorder:
     examples: int = 0
     last_example: Any = None  # an Example or another case type (conformance.core.cases)
     divergences: dict[str, str] = field(default_factory=dict)
+    divergence_examples: dict[str, str | None] = field(default_factory=dict)  # key -> the first case showing it
     unsupported: dict[str, dict[str, Any]] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)  # JSON-able snapshots attached to the report
     rejected: dict[str, set[str]] = field(default_factory=dict)  # backend -> examples it rejected
@@ -34,9 +37,12 @@ class Recorder:
     not_applicable: str | None = None  # why the property could not be checked with the selected backends
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts of the check it cannot take
-    failing: list[str] = field(default_factory=list)  # backends the last failing assertion was about
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove (construction preflight)
     distinct: set[str] = field(default_factory=set)  # the distinct cases checked
+    tally: Tally = field(default_factory=Tally)  # per backend / pair: examples checked, held, excluded, failed
+    known_defects: dict[str, dict[str, Any]] = field(default_factory=dict)  # entry id -> what this property saw
+    first_failure_at: int | None = None  # examples checked when the first one failed (1: the first one did)
+    failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -46,17 +52,28 @@ class Recorder:
             "examples": self.examples,
             "last_example": self.last_example.to_json() if self.last_example else None,
             "divergences": self.divergences,
+            "divergence_examples": self.divergence_examples,
             "unsupported": self.unsupported,
             "artifacts": self.artifacts,
             "cause": self.cause,
             "not_applicable": self.not_applicable,
             "excluded": self.excluded,
             "not_checked": self.not_checked,
-            "failing": self.failing,
             "seen": self.seen,
             "distinct_examples": len(self.distinct),
+            "verdicts": self.tally.as_dict(),
+            "known_defects": self.known_defects,
+            "first_failure_at": self.first_failure_at,
+            "failure_detail": self.failure_detail,
             "wall_s": round(time.monotonic() - self.started, 3),
         }
+
+    def known_defect_seen(self, entry: KnownDefect, case: Any, outcome: str, message: str = "") -> None:
+        """Count ``case`` reaching ``entry``'s condition: ``failed`` as the entry says, or ``held``."""
+        seen = self.known_defects.setdefault(entry.id, {"failed": 0, "held": 0, "example": None, "message": None})
+        seen[outcome] += 1
+        if outcome == "failed" and seen["example"] is None:
+            seen["example"], seen["message"] = case.to_json(), message[:2000]
 
 
 class Session:
@@ -70,6 +87,9 @@ class Session:
         self._world: World | None = None
         self._broken: dict[str | None, dict[str, dict[str, Any]]] = {}  # mutant -> backend -> cause
         self.seen: dict[str, Any] = {}  # backend -> which deep_ep it drove on rank 0 (construction preflight)
+        self.known_defects: KnownDefects = known_defects_of(config)
+        #: Called after every example with (property id, examples so far): the run's progress reporting.
+        self.on_progress: Callable[[str, int], None] | None = None
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -118,16 +138,18 @@ class Session:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
         it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.  Backends
         the construction preflight found broken are left out too (their failure is reported by the driver), unless
-        ``include_broken``.
+        ``include_broken`` or the property runs on a broken build (``runs_when_broken``: it then gets their names in
+        ``TaskSettings.broken`` and makes no call on them).
 
         Raises :class:`NotApplicable` when no selected backend is left."""
         excluded = self.excluded(prop)
-        broken = () if include_broken else self._broken.get(self.mutant, {})
-        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in broken)
+        found = self._broken.get(self.mutant, {})
+        leave_out = () if include_broken or prop.runs_when_broken else found
+        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out)
         self.recorder.excluded = dict(excluded)
         if not specs:
             raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")
-        return TaskSettings(specs, self.mutant)
+        return TaskSettings(specs, self.mutant, tuple(b.name for b in specs if b.name in found))
 
     def run(self, task: Callable[..., Any], case: Any, settings: TaskSettings | None = None) -> list[Any]:
         """Run the rank ``task`` on ``case`` with the per-example timeout; per-rank results."""
@@ -135,15 +157,69 @@ class Session:
         return self.world.run(task, settings, case, timeout=self.config.example_timeout_s)
 
     def check(self, property_id: str, case: Any) -> None:
-        """Run property ``property_id`` on one case: its task on the ranks, then its check here."""
+        """Run property ``property_id`` on one case: its task on the ranks, then its check here.
+
+        The recorder's tally learns which backends held, failed or were excluded; a failure that a known-defect
+        entry explains is counted as that known defect and does not raise (Hypothesis goes on drawing, so any
+        other failure of the property is still found)."""
+        __tracebackhide__ = True
         prop = catalog()[property_id]
         settings = self.settings_for(prop)
-        self.recorder.property_id = property_id
-        self.recorder.examples += 1
-        self.recorder.last_example = case
-        self.recorder.failing = []
-        self.recorder.distinct.add(case.to_json())
-        prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
+        recorder = self.recorder
+        recorder.property_id = property_id
+        recorder.examples += 1
+        recorder.last_example = case
+        recorder.distinct.add(case.to_json())
+        tally = recorder.tally
+        tally.start(settings.names)
+        try:
+            prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
+        except (AssertionError, RankRaised) as failure:
+            blame = self._blame(failure, settings.names)
+            message = str(failure)
+            entry = self.known_defects.match(property_id, blame, case, message)
+            if entry is not None:
+                tally.known_defect(blame, entry.id)
+                recorder.known_defect_seen(entry, case, "failed", message)
+                return
+            tally.failed(blame)
+            self._note_failure(failure)
+            raise
+        except RankFailure as failure:  # a crash or hang
+            tally.failed(self._blame(failure, settings.names))
+            self._note_failure(failure)
+            raise
+        checked = tuple(b for b in settings.names if b not in tally.excluded)
+        for entry in self.known_defects.reached(property_id, checked, case):
+            recorder.known_defect_seen(entry, case, "held")
+        tally.held()
+
+    def _blame(self, failure: BaseException, backends: tuple[str, ...]) -> tuple[str, ...]:
+        """Who a failure is charged to: a rank failure to the backend whose library call it was in, a failed
+        check to the backend or pair being checked (else every backend checked)."""
+        if isinstance(failure, RankFailure):
+            backend = (failure.culprit_call() or "").partition("|")[0]
+            if backend in backends:
+                return (backend,)
+        return self.recorder.tally.blame()
+
+    def _note_failure(self, failure: BaseException) -> None:
+        recorder = self.recorder
+        if recorder.first_failure_at is None:
+            recorder.first_failure_at = recorder.examples
+        recorder.failure_detail = getattr(failure, "detail", None)
+
+    def progress(self, property_id: str, examples: int) -> None:
+        """Report progress (see :attr:`on_progress`); never fails the example."""
+        if self.on_progress is not None:
+            try:
+                self.on_progress(property_id, examples)
+            except Exception:  # noqa: BLE001 - progress is best effort
+                pass
+
+    def checking(self, backends: tuple[str, ...] | None) -> None:
+        """The check now looks at ``backends`` (one, or a pair); a failure raised now is charged to them."""
+        self.recorder.tally.checking(backends)
 
     def run_property(self, prop: Property) -> None:
         """The body of every property test: draw cases and check them (see :mod:`conformance.harness.driver`)."""
@@ -179,8 +255,10 @@ class Session:
         """
         text = case.to_json()
         entry = self.recorder.unsupported.setdefault(
-            item.backend, {"call": item.call, "error": item.error, "count": 0, "example": text}
+            item.backend, {"call": item.call, "error": item.error, "condition": item.condition, "count": 0,
+                           "example": text}
         )
+        self.recorder.tally.exclude(item.backend, item.condition or f"{item.call} raised {item.error[:80]}")
         seen = self.recorder.rejected.setdefault(item.backend, set())
         if text not in seen:
             seen.add(text)
@@ -197,10 +275,10 @@ class Session:
         if what not in reasons:
             reasons.append(what)
 
-    def record_failing(self, backends: list[str]) -> None:
-        """Remember which backend(s) the failing assertion was about (the report's per-backend verdicts)."""
-        self.recorder.failing = list(backends)
-
-    def record_divergence(self, key: str, message: str) -> None:
-        """Remember a documented behavioural divergence (reported as ``divergence``, not a failure)."""
+    def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None:
+        """Remember a documented behavioural divergence (reported as ``divergence``, not a failure) seen on
+        ``backends`` (default: the backend or pair being checked, else every compared pair)."""
         self.recorder.divergences[key] = message
+        self.recorder.divergence_examples.setdefault(key, self.recorder.last_example.to_json()
+                                                     if self.recorder.last_example is not None else None)
+        self.recorder.tally.diverged(key, backends)

@@ -16,6 +16,7 @@ from unittest import mock
 
 import torch
 
+import conformance.emulation as emulation
 from conformance.emulation import Buffer, ElasticBuffer, legacy
 from conformance.emulation.utils import event as emulated_event
 from conformance.emulation.utils.event import EventHandle, EventOverlap
@@ -169,4 +170,25 @@ def added_optional_combine_kwarg() -> Iterator[None]:
         return params + [inspect.Parameter("do_zero_padding", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)]
 
     with _signature_patch(ElasticBuffer, "combine", add, {}):
+        yield
+
+
+@register("renamed-elastic-buffer", "harmful",
+          "deep_ep renames ElasticBuffer to EPBuffer (as V2.5 does): the old name no longer imports (API surface)")
+def renamed_elastic_buffer() -> Iterator[None]:
+    with mock.patch.dict(emulation.__dict__):
+        del emulation.__dict__["ElasticBuffer"]
+        emulation.__dict__["EPBuffer"] = ElasticBuffer
+        yield
+
+
+@register("v2-cached-dispatch-fixed", "benign",
+          "a DeepEP that fixed the cached-dispatch TypeError (num_experts taken from the handle first): nothing fails, "
+          "and the known defect v2-cached-dispatch-without-num-experts is reported fixed")
+def v2_cached_dispatch_fixed() -> Iterator[None]:
+    def from_handle(self: Any, arguments: dict[str, Any]) -> None:
+        if arguments["handle"] is not None and arguments["num_experts"] is None:
+            arguments["num_experts"] = arguments["handle"].num_experts
+
+    with _rebinding(ElasticBuffer, "dispatch", from_handle):
         yield

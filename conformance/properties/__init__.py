@@ -36,11 +36,12 @@ class CheckContext(Protocol):
 
     def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
 
-    def record_divergence(self, key: str, message: str) -> None: ...
+    def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None: ...
 
     def record_artifact(self, key: str, value: Any) -> None: ...
 
     def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
+    def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 
 
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
@@ -65,6 +66,8 @@ class Property:
             must not be left to chance, such as every row of a table).
         needs: the capabilities (``conformance.core.spec.CAPABILITIES``) a backend must declare to be checked by
             the property; a selected backend without them is reported ``unsupported`` for it, with the reason.
+        runs_when_broken: checked even when a backend's buffer construction is broken (the construction
+            preflight fails the other properties at once): the API surface is what explains a broken build.
     """
 
     id: str
@@ -76,6 +79,7 @@ class Property:
     apis: tuple[str, ...] = ALL_APIS
     explicit: Callable[[Any], list[Any]] | None = None
     needs: tuple[str, ...] = ()
+    runs_when_broken: bool = False
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property

@@ -6,12 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.assertions import (
-    about,
     assert_bytes_equal,
     assert_refused_then_usable,
     assert_view_matches_oracle,
     assert_views_equal,
-    by_backend,
+    per_backend,
 )
 from conformance.core.example import Example
 from conformance.core.views import Unsupported
@@ -29,9 +28,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     a dispatch with ``previous_event`` sees the bytes the prior compute wrote (the oracle's), and V2
     rejects ``previous_event`` without ``allocate_on_comm_stream`` on every rank, staying usable."""
     __tracebackhide__ = True
-    for backend, results in by_backend(per_rank).items():
-        with about(ctx, backend):
-            check_backend(ctx, example, backend, results)
+    for backend, results in per_backend(ctx, per_rank):
+        check_backend(ctx, example, backend, results)
 
 
 def check_backend(ctx: CheckContext, example: Example, backend: str, results: list[dict[str, Any]]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, by_backend
+from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, per_backend
 from conformance.core.cases import QpCase
 from conformance.oracle.recorded import recorded_errors
 from conformance.properties import CheckContext, Property, register
@@ -52,7 +52,7 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
     ranks that disagree on ``num_max_tokens_per_rank``."""
     __tracebackhide__ = True
     example = case.example
-    for backend, results in by_backend(per_rank).items():
+    for backend, results in per_backend(ctx, per_rank):
         for rank, got in enumerate(results):
             _check_caps(got, backend, rank)
             verdict = got["preflight_disagree"]

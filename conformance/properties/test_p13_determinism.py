@@ -95,6 +95,7 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             if isinstance(runs, Unsupported):
                 ctx.record_unsupported(runs, example)
                 continue
+            ctx.checking((runs[0].backend,))
             assert_repeatable(key, runs, rank=rank)
             if key.endswith(DETERMINISTIC):
                 det_views.append(runs[0])
@@ -102,7 +103,9 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
                 v1_views.append(runs[0])
         for det in det_views:
             for ref in v1_views or [None]:
+                ctx.checking((ref.backend, det.backend) if ref is not None else (det.backend,))
                 assert_same_rows(det, ref, rank=rank)
+    ctx.checking(None)
 
 
 PROPERTY = register(Property(

@@ -1,8 +1,13 @@
-"""Reports: ``conformance.json`` (schema in README), a Markdown summary, and pytest's JUnit XML.
+"""Reports: ``conformance.json`` (schema in README), a Markdown summary, an HTML page (``html.py``), pytest's JUnit
+XML, and the terminal summary.
 
 Property tests record what they saw in a :class:`conformance.harness.session.Recorder`; the plugin attaches it to
 the test report (``user_properties``), which pytest-xdist carries to the controller.  The controller
 collects one entry per property test here and writes the files at the end of the session.
+
+A property's status is the verdict on what was checked (``failed`` > ``known-defect`` > ``divergence`` >
+``unsupported`` > ``passed`` over its columns: each backend against the oracle, each compared pair); the examples a
+known limit excluded are listed beside it.  Only a backend checked on no example at all is ``unsupported``.
 """
 
 from __future__ import annotations
@@ -18,15 +23,26 @@ from typing import Any
 from conformance.harness.config import RunConfig
 from conformance.properties import sort_key
 from conformance.reporting.gate import compare
+from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, short_column
 
 USER_PROPERTY = "conformance"
-SCHEMA = 2
-STATUSES = ("passed", "failed", "skipped", "divergence", "unsupported", "not-run")
+SCHEMA = 3
+#: Column verdicts, worst first (harness.verdicts).
+VERDICT_ORDER = ("failed", "known-defect", "divergence", "unsupported", "passed")
+__all__ = ["SCHEMA", "STATUSES", "USER_PROPERTY", "PropertyEntry", "entry_from_report", "finish_run", "markdown",
+           "repro_command", "rerun_command", "summarise", "summary_lines", "write_reports"]
 
 
 def repro_command(property_id: str, example_json: str, config: RunConfig) -> str:
     """The one-line command that replays ``example_json`` against ``property_id``."""
     return f"python -m conformance.repro {property_id} {shlex.quote(example_json)} {config.cli_args()}"
+
+
+def rerun_command(nodeid: str, config: RunConfig, report_dir: str) -> str:
+    """The pytest command that runs the property again with the same seed and the same example database (the
+    stored counterexample comes back first)."""
+    return (f"pytest {shlex.quote(nodeid)} {config.cli_args()} --conformance-seed {config.seed} "
+            f"--max-examples {config.max_examples} --report-dir {shlex.quote(report_dir)}")
 
 
 @dataclass
@@ -49,25 +65,70 @@ class PropertyEntry:
     not_applicable: str | None = None  # why no selected backend could check the property
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts it could not take
-    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)  # backend -> {status, reason, not_checked}
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove in the ranks
+    verdicts: dict[str, Any] = field(default_factory=dict)  # column (backend, or "a vs b") -> counts and status
+    known_defects: dict[str, Any] = field(default_factory=dict)  # known-defect id -> failed/held counts, example
+    divergence_examples: dict[str, Any] = field(default_factory=dict)  # divergence key -> the first case showing it
+    first_failure_at: int | None = None  # examples checked when the first one failed
+    failure_detail: dict[str, Any] | None = None  # what differs, as data (assertions.Mismatch)
+    rerun: str | None = None  # pytest command: same seed, same example database (the counterexample comes first)
+    blob: str | None = None  # Hypothesis' @reproduce_failure(...) line, when Hypothesis printed one
 
 
-def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
+def _worst(statuses: list[str]) -> str | None:
+    ranked = [s for s in VERDICT_ORDER if s in statuses]
+    return ranked[0] if ranked else None
+
+
+def property_status(failed: bool, skipped: bool, recorded: dict[str, Any]) -> str:
+    """The property's status from pytest's outcome and the recorded columns (module docstring)."""
+    if failed:
+        return "failed"
+    if skipped:
+        return "skipped"
+    columns = [c["status"] for c in recorded.get("verdicts", {}).values()]
+    if recorded["divergences"]:
+        columns.append("divergence")
+    if recorded.get("not_applicable"):
+        columns.append("unsupported")
+    if not recorded.get("verdicts") and recorded["unsupported"]:  # recorded without a tally
+        columns.append("unsupported")
+    return _worst(columns) or "passed"
+
+
+def _failed_columns(verdicts: dict[str, Any], recorded: dict[str, Any], backends: list[str]) -> dict[str, Any]:
+    """A failed test: the backends a broken construction left out are failed columns (the others keep their own
+    verdicts: they were checked); a failure no column was charged with (a spent budget) is charged to the backend
+    its cause names, else to every backend."""
+    cause = recorded.get("cause") or {}
+    broken = cause.get("broken", {}) if cause.get("kind") == "construction" else {}
+    if broken:
+        names = list(broken)
+    elif any(c["status"] == "failed" for c in verdicts.values()):
+        return verdicts
+    else:
+        names = [cause["backend"]] if cause.get("backend") else backends
+    out = dict(verdicts)
+    for name in names:
+        column = dict(out.get(name) or _empty_column())
+        column["status"] = "failed"
+        column["failed"] = max(1, column.get("failed", 0))
+        if name in broken:
+            column["reason"] = describe_cause_text({"kind": "construction", "broken": {name: broken[name]}})
+        out[name] = column
+    return out
+
+
+def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports") -> PropertyEntry | None:
     """Build the entry for a finished test report, or ``None`` for tests that are not property tests."""
     recorded = dict(report.user_properties).get(USER_PROPERTY)
     if recorded is None or recorded.get("id") is None:
         return None
+    status = property_status(report.failed, report.skipped, recorded)
+    verdicts = recorded.get("verdicts", {})
     if report.failed:
-        status = "failed"
-    elif report.skipped:
-        status = "skipped"
-    elif recorded["divergences"]:
-        status = "divergence"
-    elif recorded["unsupported"] or recorded.get("not_applicable"):
-        status = "unsupported"
-    else:
-        status = "passed"
+        verdicts = _failed_columns(verdicts, recorded, [b for b in verdicts if " vs " not in b]
+                                   or [b.name for b in config.backends])
     entry = PropertyEntry(
         id=recorded["id"],
         test=report.nodeid,
@@ -83,57 +144,83 @@ def entry_from_report(report: Any, config: RunConfig) -> PropertyEntry | None:
         excluded=recorded.get("excluded") or {},
         not_checked=recorded.get("not_checked") or {},
         seen=recorded.get("seen") or {},
+        verdicts=verdicts,
+        known_defects=recorded.get("known_defects", {}),
+        divergence_examples=recorded.get("divergence_examples", {}),
+        first_failure_at=recorded.get("first_failure_at"),
     )
     if report.failed:
         entry.message = _failure_message(report)
+        entry.failure_detail = recorded.get("failure_detail")
+        entry.rerun = rerun_command(report.nodeid, config, report_dir)
+        entry.blob = _reproduce_failure_blob(report)
         if recorded["last_example"]:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
-    entry.verdicts = backend_verdicts(entry, recorded.get("failing") or [], config,
-                                      recorded.get("distinct_examples", entry.examples))
+    entry.verdicts = annotate_verdicts(entry, config, recorded.get("distinct_examples", entry.examples))
     return entry
 
 
-def backend_verdicts(entry: PropertyEntry, failing: list[str], config: RunConfig, distinct: int
-                     ) -> dict[str, dict[str, Any]]:
-    """Each selected backend's verdict on the property: ``status`` (``passed``, ``divergence``, ``failed``,
-    ``unsupported``, ``skipped``, or ``inconclusive`` when the property stopped at another backend's failure),
-    ``reason`` for every status but ``passed``, and the parts of the check it could not take (``not_checked``,
-    with the examples it rejected when it was checked on others).  ``distinct``: distinct examples drawn."""
-    out: dict[str, dict[str, Any]] = {}
+def annotate_verdicts(entry: PropertyEntry, config: RunConfig, distinct: int) -> dict[str, Any]:
+    """Every selected backend's column, with the reason for each verdict but ``passed`` and the parts of the check it
+    could not take (``not_checked``): a backend the property does not apply to (another API, a missing capability)
+    gets an ``unsupported`` column saying why; a failed column the message; a partly rejecting backend the
+    examples it rejected.  ``distinct``: distinct examples drawn."""
+    out = {name: dict(column) for name, column in entry.verdicts.items()}
     for spec in config.backends:
         name = spec.name
-        partial: list[str] = []
-        if name in entry.unsupported:
-            info = entry.unsupported[name]
-            rejected = (f"rejected {info['count']} of {distinct} example(s): {info['call']} raised {info['error']} "
-                        f"(first: {info['example']})")
-            if info["count"] >= distinct:
-                out[name] = {"status": "unsupported", "reason": rejected}
-                continue
-            partial.append(rejected)
-        if name in entry.excluded:
-            verdict = {"status": "unsupported", "reason": entry.excluded[name]}
-        elif entry.status == "failed":
-            if name in failing or not failing:
-                verdict = {"status": "failed", "reason": entry.message}
-            elif (entry.cause or {}).get("kind") == "construction" and entry.examples:
-                # the broken backends were left out and every example was checked on this one
-                verdict = ({"status": "divergence", "reason": "; ".join(entry.divergences)} if entry.divergences
-                           else {"status": "passed", "reason": None})
-            else:
-                verdict = {"status": "inconclusive",
-                           "reason": f"the property stopped at a failure of {', '.join(failing)}"}
-        elif entry.status == "divergence":
-            verdict = {"status": "divergence", "reason": "; ".join(entry.divergences)}
-        elif entry.status == "skipped":
-            verdict = {"status": "skipped", "reason": entry.message}
-        else:  # passed, or unsupported because of another backend's rejections
-            verdict = {"status": "passed", "reason": None}
-        if partial or entry.not_checked.get(name):
-            verdict["not_checked"] = partial + entry.not_checked.get(name, [])
-        out[name] = verdict
+        reason = entry.excluded.get(name) or (entry.not_applicable if name not in out else None)
+        if reason and name not in out:
+            out[name] = {**_empty_column(), "status": "unsupported", "reason": reason}
+    for name, column in out.items():
+        status = column["status"]
+        if status == "failed":
+            column.setdefault("reason", entry.message or describe_cause_text(entry.cause))
+        elif status == "divergence":
+            column.setdefault("reason", "; ".join(entry.divergences.get(k, k) for k in column.get("divergences", []))
+                              or "; ".join(entry.divergences.values()))
+        elif status == "known-defect":
+            column.setdefault("reason", "known defect " + ", ".join(column.get("defects", {})))
+        elif status == "unsupported":
+            info = entry.unsupported.get(name)
+            column.setdefault("reason", "; ".join(column.get("exclusions", {})) or (
+                f"{info['call']} raised {info['error']}" if info else "checked on no example"))
+        else:
+            column.setdefault("reason", None)
+        parts = list(entry.not_checked.get(name, []))
+        info = entry.unsupported.get(name)
+        if info and status not in ("unsupported",) and column.get("excluded"):
+            parts.insert(0, f"rejected {column['excluded']} of {distinct} example(s): {info['call']} raised "
+                            f"{info['error'][:300]} (first: {info['example']})")
+        if parts:
+            column["not_checked"] = parts
     return out
+
+
+def _empty_column() -> dict[str, Any]:
+    return {"checked": 0, "held": 0, "failed": 0, "known_defect": 0, "divergent": 0, "excluded": 0,
+            "exclusions": {}, "defects": {}, "divergences": []}
+
+
+def describe_cause_text(cause: dict[str, Any] | None) -> str | None:
+    """A crash, hang or broken construction in one line (``None`` without a cause)."""
+    if not cause:
+        return None
+    from conformance.harness.faults import describe_cause
+
+    if cause.get("kind") == "construction":
+        return "broken on buffer construction: " + "; ".join(describe_cause(c) for c in cause["broken"].values())
+    return describe_cause(cause)
+
+
+def _reproduce_failure_blob(report: Any) -> str | None:
+    """Hypothesis' ``@reproduce_failure(...)`` line from the failure's text, when it printed one."""
+    text = str(getattr(report, "longrepr", "") or "")
+    for line in text.splitlines():
+        line = line.strip().lstrip("E").strip()
+        if line.startswith("@reproduce_failure("):
+            return line
+    return None
 
 
 def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dict[str, Any]:
@@ -170,14 +257,14 @@ def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
 def _failure_message(report: Any) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    return text[:4000]
+    return text.replace("conformance.assertions.Mismatch: ", "AssertionError: ", 1)[:4000]
 
 
 def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> dict[str, Any]:
     """The report header: versions, which backends are real, the world shape, the seed."""
     import torch
 
-    real = probes.get("deep_ep", {})
+    real = probes.get("deep_ep") or {}
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -191,9 +278,51 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "device": config.device,
         "seed": seed,
         "mutant": config.mutant,
+        "known_defects": _known_defects_path(config),
         "notes": list(config.notes),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
     }
+
+
+def _known_defects_path(config: RunConfig) -> str | None:
+    from conformance.harness.known_defects import resolve
+
+    return resolve(config)
+
+
+def known_defects_section(config: RunConfig, entries: list[PropertyEntry]) -> dict[str, Any]:
+    """Every entry of the run's known-defects file with its status: ``known-defect`` (it failed as the entry
+    says), ``fixed`` (its condition was reached and held everywhere), ``not-reached`` (no example met its
+    condition), ``not-exercised`` (no property exercises it), ``not-run`` (its property did not run)."""
+    from conformance.harness.known_defects import known_defects_of
+    from conformance.properties import catalog
+
+    defects = known_defects_of(config)
+    ran = {e.id: e for e in entries if e.status != "not-run"}
+    known_ids = set(catalog())
+    listed = []
+    for entry in defects.entries:
+        seen = [e.known_defects.get(entry.id) for e in entries if e.id == entry.property]
+        seen = [s for s in seen if s]
+        failed, held = sum(s["failed"] for s in seen), sum(s["held"] for s in seen)
+        first = next((s for s in seen if s.get("example")), None)
+        if not entry.exercised:
+            status, why = "not-exercised", entry.why_not_exercised or "no property exercises it"
+        elif entry.property not in known_ids:
+            status, why = "not-exercised", f"no property {entry.property!r} in this catalog"
+        elif entry.property not in ran:
+            status, why = "not-run", f"{entry.property} did not run"
+        elif failed:
+            status, why = "known-defect", None
+        elif held:
+            status, why = "fixed", (f"{held} example(s) met its condition and held on every backend it names: "
+                                    f"remove the entry from {defects.path}")
+        else:
+            status, why = "not-reached", "no example met its condition in this run"
+        listed.append({**entry.as_dict(), "status": status, "why": why, "failed": failed, "held": held,
+                       "example": first["example"] if first else None,
+                       "message": first["message"] if first else None})
+    return {"file": defects.path, "deep_ep": defects.version, "entries": listed}
 
 
 def summarise(entries: list[PropertyEntry]) -> dict[str, int]:
@@ -241,6 +370,7 @@ def build_document(
     catalog: list[str],
     *,
     interrupted: bool = False,
+    known_defects: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report: every property of ``catalog`` (those that did not run as ``not-run``), completeness, headline."""
     ran = {e.id for e in entries}
@@ -265,13 +395,15 @@ def build_document(
         "wall_s": round(wall_s, 3),
         "summary": summarise(entries),
         "properties": [vars(e) for e in entries],
+        "known_defects": known_defects or {"file": None, "deep_ep": None, "entries": []},
     }
 
 
 def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
-    """Write ``conformance.json`` and ``conformance.md`` into ``report_dir``; return the document with ``path``.
+    """Write ``conformance.json``, ``conformance.md`` and ``conformance.html`` into ``report_dir``; return the
+    document with ``path`` (and ``html``, ``markdown``).
 
-    A partial run never replaces a complete report: it goes to ``conformance.partial.json`` / ``.md`` then.
+    A partial run never replaces a complete report: it goes to ``conformance.partial.*`` then.
     """
     os.makedirs(report_dir, exist_ok=True)
     name = "conformance"
@@ -286,11 +418,15 @@ def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
             name = "conformance.partial"
             document["kept_complete_report"] = existing
     json_path = os.path.join(report_dir, f"{name}.json")
+    document["path"] = json_path
+    document["markdown"] = os.path.join(report_dir, f"{name}.md")
+    with open(document["markdown"], "w") as f:
+        f.write(markdown(document))
+    from conformance.reporting.html import write_html
+
+    document["html"], document["html_note"] = write_html(os.path.join(report_dir, f"{name}.html"), document)
     with open(json_path, "w") as f:
         json.dump(document, f, indent=2, default=str)
-    with open(os.path.join(report_dir, f"{name}.md"), "w") as f:
-        f.write(markdown(document))
-    document["path"] = json_path
     return document
 
 
@@ -305,8 +441,8 @@ def finish_run(
     allow_partial: bool = False,
     write_baseline: str | None = None,
 ) -> dict[str, Any]:
-    """Build, gate and write the run's report (controller, end of the session); with ``write_baseline``, copy it
-    there for a later ``--baseline`` (a complete run only, unless ``allow_partial``)."""
+    """Build, gate and write the run's report (controller, end of the session); store it as a baseline at
+    ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set."""
     from conformance.core.probe import probe_module
     from conformance.properties import catalog
 
@@ -316,21 +452,30 @@ def finish_run(
         seen = next((e.seen[backend["name"]] for e in entries if backend["name"] in e.seen), None)
         if seen is not None:
             backend["deep_ep_seen"] = seen
-    document = build_document(env, entries, wall_s, list(catalog()), interrupted=interrupted)
+    document = build_document(env, entries, wall_s, list(catalog()), interrupted=interrupted,
+                              known_defects=known_defects_section(config, entries))
     if baseline is not None:
         gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
         if not document["complete"] and not allow_partial:
-            gate["regressions"].insert(0, f"this run is partial ({document['incomplete_reason']}): the version gate "
-                                          f"needs a complete run; pass --allow-partial to compare anyway")
+            gate["regressions"].insert(0, f"This run is partial ({document['incomplete_reason']}): the version gate "
+                                          f"needs a complete run; pass --allow-partial to compare anyway.")
         document["gate"] = gate
     write_reports(report_dir, document)
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary_file:
+        try:
+            with open(summary_file, "a") as f:
+                f.write(step_summary(document))
+            document["step_summary"] = summary_file
+        except OSError as exc:
+            document["step_summary"] = f"not written: {exc}"
     document["gate_failed"] = bool(baseline is not None and document["gate"]["regressions"])
     if write_baseline:
         if document["complete"] or allow_partial:
-            import shutil
-
             os.makedirs(os.path.dirname(os.path.abspath(write_baseline)), exist_ok=True)
-            shutil.copyfile(document["path"], write_baseline)
+            stored = {k: v for k, v in document.items() if k not in ("gate", "gate_failed")}
+            with open(write_baseline, "w") as f:
+                json.dump(stored, f, indent=2, default=str)
             document["baseline_written"] = write_baseline
         else:
             document["baseline_refused"] = (f"--write-baseline {write_baseline}: not written, this run is partial "
@@ -339,28 +484,53 @@ def finish_run(
 
 
 def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]:
-    """The terminal summary: one line per property, completeness, the gate, where the reports are."""
-    styles = {"failed": {"red": True}, "not-run": {"yellow": True}, "passed": {"green": True}}
-    lines = []
-    for p in document["properties"]:
-        lines.append((f"{p['id']:<28} {p['status']:<12} {p['examples']:>4} examples {p['wall_s']:>8.1f} s",
-                      styles.get(p["status"], {})))
+    """The terminal summary, one screen: the verdict matrix (verdict and held/checked examples, +Nx excluded by a
+    known limit), the known defects, the slowest properties, completeness, the gate, where the reports are."""
+    styles = {"failed": {"red": True}, "not-run": {"yellow": True}, "passed": {"green": True},
+              "known-defect": {"yellow": True}, "unsupported": {"yellow": True}}
+    columns, rows = matrix_rows(document)
+    width = max([20] + [len(short_column(c)) for c in columns]) + 2
+    header = f"{'property':<26}{'status':<14}" + "".join(f"{short_column(c):<{width}}" for c in columns)
+    lines: list[tuple[str, dict[str, bool]]] = [(header, {"bold": True})]
+    for p, cells in rows:
+        text = f"{p['id'][:25]:<26}{p['status']:<14}"
+        for column, (verdict, _) in zip(columns, cells, strict=True):
+            counts = counts_text(p, column)
+            text += f"{(SYMBOLS.get(verdict, verdict) + (' ' + counts if counts else ''))[:width - 1]:<{width}}"
+        lines.append((text.rstrip(), styles.get(p["status"], {})))
+    lines.append(("(held/checked examples; +Nx: N examples a known limit excluded; A~B: the pair compared)", {}))
+    for entry in document.get("known_defects", {}).get("entries", []):
+        if entry["status"] in ("known-defect", "fixed"):
+            lines.append((f"known defect {entry['id']}: {entry['status']}"
+                          + (f" ({entry['failed']} example(s))" if entry["status"] == "known-defect" else
+                             f" - {entry['why']}"), {"yellow": True} if entry["status"] == "fixed" else {}))
+    ran = [p for p in document["properties"] if p["status"] != "not-run"]
+    slowest = sorted(ran, key=lambda p: -p["wall_s"])[:3]
+    if slowest:
+        lines.append(("slowest: " + ", ".join(f"{p['id']} {p['wall_s']:.1f} s ({p['examples']} examples)"
+                                              for p in slowest), {}))
     if not document["complete"]:
         lines.append((f"PARTIAL RUN: {document['incomplete_reason']}", {"yellow": True, "bold": True}))
     gate = document.get("gate")
     if gate is not None:
         for line in gate["regressions"]:
             lines.append((f"GATE REGRESSION {line}", {"red": True}))
+        for line in gate["improvements"]:
+            lines.append((f"gate: {line}", {}))
         lines.append((f"version gate: {len(gate['regressions'])} regression(s), {len(gate['improvements'])} "
-                      f"improvement(s)", {"red": bool(gate["regressions"])}))
+                      f"improvement(s), {len(gate.get('additions', []))} addition(s)",
+                      {"red": bool(gate["regressions"])}))
+    if document.get("kept_complete_report"):
+        lines.append((f"partial report written beside the complete one ({document['kept_complete_report']}, kept)",
+                      {"yellow": True}))
+    lines.append((f"conformance report: {document['path']} (also .md"
+                  + (", .html" if document.get("html") else "") + ")", {}))
+    if document.get("html_note"):
+        lines.append((f"html report: {document['html_note']}", {"yellow": True}))
     if document.get("baseline_written"):
         lines.append((f"baseline written: {document['baseline_written']}", {}))
     if document.get("baseline_refused"):
         lines.append((document["baseline_refused"], {"red": True}))
-    if document.get("kept_complete_report"):
-        lines.append((f"partial report written beside the complete one ({document['kept_complete_report']}, kept)",
-                      {"yellow": True}))
-    lines.append((f"conformance report: {document['path']}", {}))
     return lines
 
 
@@ -372,33 +542,60 @@ def _kind(backend: dict[str, Any]) -> str:
     return f"plug-in {backend['plugin']}, {backend['api']} contract, on {on}"
 
 
-def _verdict_table(document: dict[str, Any]) -> list[str]:
-    """Per property and backend: the backend's verdict, and every non-pass with its reason."""
-    names = [b["name"] for b in document["environment"]["backends"]]
-    if not names:
-        return []
-    lines = ["", "## Verdicts per backend", "", "| property | " + " | ".join(f"`{n}`" for n in names) + " |",
-             "|---|" + "---|" * len(names)]
+def _verdict_notes(document: dict[str, Any]) -> list[str]:
+    """Per property and backend, every verdict but ``passed`` with its whole reason, and every part of a check a
+    backend could not take."""
     notes = []
     for p in document["properties"]:
-        cells = []
-        for name in names:
-            verdict = p.get("verdicts", {}).get(name)
-            if verdict is None:
-                cells.append(p["status"] if p["status"] == "not-run" else "")
-                continue
-            cell = verdict["status"] + (" (partial)" if verdict.get("not_checked") else "")
-            cells.append(cell)
-            if verdict["status"] != "passed" and verdict.get("reason"):
-                notes.append(f"- {p['id']} on `{name}`: **{verdict['status']}**: {verdict['reason'][:600]}")
-            for part in verdict.get("not_checked", []):
-                notes.append(f"- {p['id']} on `{name}`: not checked: {part}")
-        lines.append(f"| {p['id']} | " + " | ".join(cells) + " |")
-    return lines + ([""] + notes if notes else [])
+        for name, v in p.get("verdicts", {}).items():
+            if v["status"] not in ("passed", "not-checked") and v.get("reason"):
+                notes.append(f"- {p['id']} on `{name}`: **{v['status']}**: {_md_long(v['reason'])}")
+            for part in v.get("not_checked", []):
+                notes.append(f"- {p['id']} on `{name}`: not checked: {_md_long(part)}")
+    return ["", "## Verdicts explained", ""] + notes if notes else []
+
+
+def _md_long(text: str) -> str:
+    return text.replace("\n", " ")[:600]
+
+
+def markdown_matrix(document: dict[str, Any]) -> list[str]:
+    """The verdict matrix as a Markdown table: property x backend / pair, verdict, counts and the reason."""
+    columns, rows = matrix_rows(document)
+    lines = ["| property | status | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for p, cells in rows:
+        rendered = []
+        for column, (verdict, reason) in zip(columns, cells, strict=True):
+            counts = counts_text(p, column)
+            rendered.append(f"{'**FAILED**' if verdict == 'failed' else verdict}"
+                            + (f" {counts}" if counts else "")
+                            + (f"<br><sub>{_md(reason)}</sub>" if reason and verdict not in ("-", "passed") else ""))
+        lines.append(f"| {p['id']} | {p['status']} | " + " | ".join(rendered) + " |")
+    return lines
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def step_summary(document: dict[str, Any]) -> str:
+    """What is appended to ``$GITHUB_STEP_SUMMARY``: the headline, the counts, the matrix, the gate's verdict."""
+    env, summary = document["environment"], document["summary"]
+    lines = ["## DeepEP conformance", ""]
+    lines += [f"**{line}**" for line in document.get("headline", [])]
+    lines += [f"{summary['total']} properties: " + ", ".join(f"{summary[s]} {s}" for s in STATUSES if summary[s])
+              + f" - backends {', '.join(b['name'] for b in env['backends'])}, seed {env['seed']}", ""]
+    lines += markdown_matrix(document)
+    gate = document.get("gate")
+    if gate is not None:
+        lines += ["", f"**Version gate: {'FAILED' if gate['regressions'] else 'passed'}**", ""]
+        lines += [f"- {r}" for r in gate["regressions"]]
+    return "\n".join(lines) + "\n\n"
 
 
 def markdown(document: dict[str, Any]) -> str:
-    """The human summary: header, verdict table, then each failure with its counterexample and repro."""
+    """The human summary: header, verdict matrix, known defects, then each failure with its counterexample and
+    reproduction, each divergence, each exclusion."""
     env, summary = document["environment"], document["summary"]
     top = [f"**{line}**" for line in document.get("headline", [])]
     if document.get("complete") is False:
@@ -412,28 +609,44 @@ def markdown(document: dict[str, Any]) -> str:
         f"- world: {env['nodes']} node(s) x {env['ranks_per_node']} rank(s), device {env['device']}",
         f"- torch {env['torch']}, deep_ep {env['deep_ep']}, seed {env['seed']}"
         + (f", mutant {env['mutant']}" if env.get("mutant") else ""),
+        f"- known defects: {env.get('known_defects') or 'none'}",
         f"- {summary['total']} property tests: "
-        + ", ".join(f"{summary[s]} {s}" for s in STATUSES if summary[s]) + f" ({document['wall_s']} s)",
+        + ", ".join(f"{summary[s]} {s}" for s in STATUSES if summary.get(s)) + f" ({document['wall_s']} s)",
         "",
-        "| property | test | status | examples |",
-        "|---|---|---|---|",
+        "Each cell: the verdict of that backend against the oracle (or of that pair against each other), held/checked "
+        "examples, and `+Nx` for N examples a known limit excluded (listed, not counted against the backend).",
+        "",
+        *markdown_matrix(document),
+        *_verdict_notes(document),
     ]
-    for p in document["properties"]:
-        lines.append(f"| {p['id']} | `{p['test'].split('::')[-1]}` | {p['status']} | {p['examples']} |")
-    lines += _verdict_table(document)
+    known = document.get("known_defects", {}).get("entries", [])
+    if known:
+        lines += ["", f"## Known defects ({document['known_defects']['file']})", "",
+                  "| id | property | backend | status | what is wrong |", "|---|---|---|---|---|"]
+        for k in known:
+            lines.append(f"| {k['id']} | {k['property'] or '-'} | {k['backend']} | {k['status']}"
+                         + (f" ({k['failed']} examples)" if k["status"] == "known-defect" else "")
+                         + f" | {_md(k['wrong'])} |")
     for p in document["properties"]:
         if p["status"] == "failed":
             lines += ["", f"## FAILED {p['id']} (`{p['test']}`)", "", "```", p["message"] or "", "```"]
             if p["counterexample"]:
                 lines += ["", f"Counterexample: `{json.dumps(p['counterexample'])}`", "",
                           f"Reproduce: `{p['repro']}`"]
+            if p.get("rerun"):
+                lines += ["", f"Run again (the stored counterexample comes first): `{p['rerun']}`"]
         for key, text in p["divergences"].items():
             lines += ["", f"## DIVERGENCE {p['id']}: {key}", "", text]
         if p.get("not_applicable"):
             lines += ["", f"## UNSUPPORTED {p['id']} (not applicable)", "", p["not_applicable"]]
         for backend, info in p["unsupported"].items():
-            lines += ["", f"## UNSUPPORTED {p['id']} on {backend} ({info['count']} examples)", "",
-                      f"`{info['call']}` raised `{info['error']}`"]
+            verdict = p.get("verdicts", {}).get(backend, {})
+            checked = (f"{verdict.get('held', 0)} of {verdict.get('checked', 0)} checked examples held; "
+                       if verdict else "")
+            title = "UNSUPPORTED" if verdict.get("status", "unsupported") == "unsupported" else "EXCLUDED"
+            lines += ["", f"## {title} {p['id']} on {backend} ({info['count']} examples excluded"
+                      + (f": {info['condition']}" if info.get("condition") else "") + ")", "",
+                      f"{checked}`{info['call']}` raised `{info['error']}`"]
             if info.get("capability_regression"):
                 lines += ["", f"Capability regression: {', '.join(info['accepted_by'])} accepted the same "
                           f"configurations (first rejected: `{info['example']}`)."]
@@ -442,6 +655,6 @@ def markdown(document: dict[str, Any]) -> str:
         verdict = "FAILED" if gate["regressions"] else "passed"
         lines += ["", f"## Version gate: {verdict} (against deep_ep {gate['baseline'].get('deep_ep')})", ""]
         lines += [f"- REGRESSION {r}" for r in gate["regressions"]]
-        lines += [f"- improvement {i}" for i in gate["improvements"]]
+        lines += [f"- reported {i}" for i in gate["improvements"]]
+        lines += [f"- added {a}" for a in gate.get("additions", [])]
     return "\n".join(lines) + "\n"
-

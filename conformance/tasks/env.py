@@ -34,6 +34,9 @@ class TaskSettings:
 
     backends: tuple[BackendSpec, ...]
     mutant: str | None = None
+    #: Backends whose buffer construction the preflight found broken (a property that runs anyway, like the API
+    #: surface, makes no call on them).
+    broken: tuple[str, ...] = ()
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -104,9 +107,11 @@ class RankEnv:
         except NotSupported as exc:
             return Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
         except Exception as exc:
-            if self.example is None or known_limit(spec.api, operation, self.example) is None:
+            limit = None if self.example is None else known_limit(spec.api, operation, self.example)
+            if limit is None:
                 raise
-            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}")
+            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
+                               f"{spec.class_name}.{operation} with {limit.condition}")
 
 
 def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any]:

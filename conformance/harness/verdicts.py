@@ -1,0 +1,172 @@
+"""Per property: on how many examples each backend (and each compared pair of backends) was checked, and the verdict.
+
+A *column* is one selected backend (checked against the oracle) or one pair of backends (checked against each
+other: ``emulated-v1 vs emulated-v2``).  For every example the session tells the :class:`Tally` which
+backends the property runs (:meth:`Tally.start`); the checks say which column they are looking at
+(:meth:`Tally.checking`, called by :func:`conformance.assertions.for_each_backend` and
+:func:`conformance.assertions.per_backend`), a known limit excludes a backend from the example
+(:meth:`Tally.exclude`), and the example ends held, failed or on a known defect.  So a failure is charged to
+the column that was being checked when it was raised, and a configuration a backend cleanly rejects is counted
+beside its verdict, not instead of it.
+
+Verdict of a column, first match wins: ``failed`` (an example failed there), ``known-defect`` (only failures a
+known-defect entry matches), ``divergence`` (a documented V1/V2 difference was seen), ``passed`` (held on at least
+one example), ``unsupported`` (checked on no example: a known limit excluded every one), ``not-checked`` (a pair
+the property does not compare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Column verdicts, worst first (``not-checked`` is not a verdict on anything).
+VERDICTS = ("failed", "known-defect", "divergence", "unsupported", "passed")
+NOT_CHECKED = "not-checked"
+
+
+def pair_name(first: str, other: str) -> str:
+    """The column of a compared pair of backends."""
+    return f"{first} vs {other}"
+
+
+def pairs_of(backends: tuple[str, ...] | list[str]) -> list[str]:
+    """The pair columns of consecutive backends (the pairs ``for_each_backend`` compares)."""
+    return [pair_name(a, b) for a, b in zip(backends, backends[1:], strict=False)]
+
+
+@dataclass
+class Column:
+    """Counts of one backend or pair, in examples."""
+
+    checked: int = 0  # held + failed + known_defect
+    held: int = 0
+    failed: int = 0
+    known_defect: int = 0
+    divergent: int = 0
+    excluded: int = 0
+    exclusions: dict[str, int] = field(default_factory=dict)  # the known limit's condition -> examples
+    defects: dict[str, int] = field(default_factory=dict)  # known-defect id -> examples
+    divergences: list[str] = field(default_factory=list)  # divergence keys seen here
+
+    def verdict(self) -> str:
+        """This column's verdict (module docstring)."""
+        if self.failed:
+            return "failed"
+        if self.known_defect:
+            return "known-defect"
+        if self.divergent:
+            return "divergence"
+        if self.held:
+            return "passed"
+        if self.excluded:
+            return "unsupported"
+        return NOT_CHECKED
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able, with the verdict as ``status``."""
+        return {"status": self.verdict(), **asdict(self)}
+
+
+class Tally:
+    """The columns of one property test, fed example by example (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, Column] = {}
+        self.start(())
+
+    def column(self, name: str) -> Column:
+        """The column ``name`` (created empty)."""
+        return self.columns.setdefault(name, Column())
+
+    # ------------------------------------------------------------------------------------ one example
+    def start(self, backends: tuple[str, ...]) -> None:
+        """A new example on ``backends``."""
+        self.backends = tuple(backends)
+        self.current: tuple[str, ...] | None = None
+        self.touched: list[str] = []
+        self.excluded: dict[str, str] = {}
+        self.divergent: set[str] = set()
+        for name in self.backends:
+            self.column(name)
+
+    def checking(self, backends: tuple[str, ...] | None) -> None:
+        """The check now looks at one backend, at a pair (``(first, other)``), or at none in particular."""
+        self.current = tuple(backends) if backends else None
+        if self.current:
+            name = self._name(self.current)
+            if name not in self.touched:
+                self.touched.append(name)
+
+    def exclude(self, backend: str, condition: str) -> None:
+        """A known limit excluded ``backend`` from this example."""
+        self.excluded.setdefault(backend, condition)
+
+    def diverged(self, key: str, backends: tuple[str, ...] | None = None) -> None:
+        """A documented divergence ``key`` was seen on ``backends`` (default: the column being checked, else
+        every compared pair, else the only backend)."""
+        for name in self._targets(backends):
+            column = self.column(name)
+            if key not in column.divergences:
+                column.divergences.append(key)
+            if name not in self.divergent:
+                self.divergent.add(name)
+                column.divergent += 1
+
+    def blame(self) -> tuple[str, ...]:
+        """The columns a failure raised now is charged to: the one being checked, else every backend checked."""
+        if self.current:
+            return (self._name(self.current),)
+        return tuple(b for b in self.backends if b not in self.excluded)
+
+    def held(self) -> None:
+        """The example held: every column it checked (every backend not excluded, if none was named) held."""
+        names = self.touched or [b for b in self.backends if b not in self.excluded]
+        for name in names:
+            if name in self.excluded:
+                continue
+            column = self.column(name)
+            column.checked += 1
+            column.held += 1
+        self._count_exclusions()
+
+    def failed(self, blame: tuple[str, ...]) -> None:
+        """The example failed on ``blame``; the other columns were not checked to the end."""
+        for name in blame:
+            column = self.column(name)
+            column.checked += 1
+            column.failed += 1
+        self._count_exclusions()
+
+    def known_defect(self, blame: tuple[str, ...], defect_id: str) -> None:
+        """The example failed on ``blame`` the way known defect ``defect_id`` says."""
+        for name in blame:
+            column = self.column(name)
+            column.checked += 1
+            column.known_defect += 1
+            column.defects[defect_id] = column.defects.get(defect_id, 0) + 1
+        self._count_exclusions()
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _count_exclusions(self) -> None:
+        for backend, condition in self.excluded.items():
+            column = self.column(backend)
+            column.excluded += 1
+            column.exclusions[condition] = column.exclusions.get(condition, 0) + 1
+        self.excluded = {}
+
+    @staticmethod
+    def _name(backends: tuple[str, ...]) -> str:
+        return backends[0] if len(backends) == 1 else pair_name(backends[0], backends[1])
+
+    def _targets(self, backends: tuple[str, ...] | None) -> list[str]:
+        if backends:
+            return [self._name(tuple(backends))]
+        if self.current:
+            return [self._name(self.current)]
+        pairs = pairs_of(self.backends)
+        return pairs or list(self.backends)
+
+    def as_dict(self) -> dict[str, dict[str, Any]]:
+        """``{column: counts and status}``, backends first, then pairs."""
+        return {name: column.as_dict() for name, column in self.columns.items()}

@@ -1,0 +1,77 @@
+"""The verdict matrix: one row per property, one column per backend (against the oracle) and per compared pair.
+
+Shared by the terminal summary, the Markdown report, ``$GITHUB_STEP_SUMMARY`` and the HTML page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Property statuses (report schema 3).
+STATUSES = ("passed", "failed", "known-defect", "skipped", "divergence", "unsupported", "not-run")
+
+def columns_of(document: dict[str, Any]) -> list[str]:
+    """The verdict matrix' columns: every backend, then every compared pair, in the order they were seen."""
+    names: list[str] = [b["name"] for b in document["environment"]["backends"]]
+    for p in document["properties"]:
+        for name in p.get("verdicts", {}):
+            if name not in names:
+                names.append(name)
+    return [n for n in names if " vs " not in n] + [n for n in names if " vs " in n]
+
+
+def cell(p: dict[str, Any], column: str) -> tuple[str, str]:
+    """The matrix cell of property ``p`` in ``column``: its verdict and the reason in one line."""
+    v = p.get("verdicts", {}).get(column)
+    if v is None:
+        if p["status"] in ("not-run", "skipped"):
+            return p["status"], ""  # the reason is the property's, said once (the report's partial-run line)
+        if p.get("not_applicable"):
+            return "unsupported", p["not_applicable"]
+        return "-", "not checked on this backend / pair"
+    status = v["status"]
+    if status == "not-checked":
+        return "-", "this property does not compare this pair"
+    if not v.get("checked") and v.get("reason"):  # left out before any example (another API, broken, ...)
+        return status, v["reason"]
+    parts = [f"{v['held']}/{v['checked']} checked examples held"]
+    if v.get("excluded"):
+        parts.append(f"{v['excluded']} excluded by a known limit (" + "; ".join(
+            f"{c}: {n}" for c, n in v["exclusions"].items()) + ")")
+    if v.get("failed"):
+        parts.append(f"{v['failed']} failed (shrinking included)")
+    if v.get("known_defect"):
+        parts.append("known defect " + ", ".join(f"{d} ({n})" for d, n in v["defects"].items()))
+    if v.get("divergent"):
+        parts.append("divergence: " + "; ".join(v["divergences"]))
+    return status, "; ".join(parts)
+
+
+SYMBOLS = {"passed": "passed", "failed": "FAILED", "known-defect": "known-defect", "divergence": "divergence",
+           "unsupported": "unsupported", "not-run": "not-run", "skipped": "skipped", "-": "-"}
+
+
+def short_column(name: str) -> str:
+    """``emulated-v1 vs emulated-v2`` -> ``v1~v2``; ``emulated-v2`` -> ``emulated-v2``."""
+    if " vs " in name:
+        a, b = name.split(" vs ")
+        return f"{a.rsplit('-', 1)[-1]}~{b.rsplit('-', 1)[-1]}"
+    return name
+
+
+def matrix_rows(document: dict[str, Any]) -> tuple[list[str], list[tuple[dict[str, Any], list[tuple[str, str]]]]]:
+    """``(columns, [(property, [(verdict, reason) per column])])``."""
+    columns = columns_of(document)
+    return columns, [(p, [cell(p, c) for c in columns]) for p in document["properties"]]
+
+
+def counts_text(p: dict[str, Any], column: str) -> str:
+    v = p.get("verdicts", {}).get(column)
+    if not v or v["status"] == "not-checked":
+        return ""
+    text = f"{v['held']}/{v['checked']}"
+    if v.get("excluded"):
+        text += f" +{v['excluded']}x"
+    return text
+
+

@@ -1,0 +1,84 @@
+"""Done-when of the reports issue, end to end through the suite (subprocesses on the emulation):
+
+- the version gate on two emulated 'versions' (a planted regression; a renamed API): it fails on each with its
+  paragraph, passes on an identical run, and reports a fixed known defect without failing;
+- a stored counterexample comes back first: the same failing command run twice reaches the failure in fewer
+  examples the second time (Hypothesis' example database in the report directory).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_suite
+
+PROPERTIES = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p12_bad_input.py",
+              "conformance/properties/test_p14_api_surface.py"]
+#: Fixed seed: P12 draws the V2 cached-dispatch call (the known defect) with it, and P1 is caught by flip-one-byte.
+COMMON = ["--max-examples", "8", "--conformance-seed", "3", "-p", "no:xdist"]
+KNOWN = "v2-cached-dispatch-without-num-experts"
+
+
+def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_identical_run(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline" / "deep_ep-old.json"
+    proc, report = run_suite([*PROPERTIES, *COMMON, f"--write-baseline={baseline}"], tmp_path / "r0")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert json.loads(baseline.read_text())["schema"] == 3 and f"baseline written: {baseline}" in proc.stdout
+    known = {k["id"]: k for k in report["known_defects"]["entries"]}
+    assert known[KNOWN]["status"] == "known-defect", known[KNOWN]
+    p12 = next(p for p in report["properties"] if p["id"] == "P12-bad-input")
+    assert p12["status"] == "known-defect" and p12["verdicts"]["emulated-v2"]["defects"][KNOWN] >= 1
+    gate = ["--baseline", str(baseline), "--allow-partial"]  # three properties: a partial run on purpose
+
+    same, report = run_suite([*PROPERTIES, *COMMON, *gate], tmp_path / "r1")
+    assert same.returncode == 0 and report["gate"] == {**report["gate"], "regressions": []}, same.stdout[-3000:]
+    assert "version gate: 0 regression(s)" in same.stdout
+
+    regression, report = run_suite([*PROPERTIES, *COMMON, *gate, "--mutant", "flip-one-byte"], tmp_path / "r2")
+    assert regression.returncode == 1
+    (paragraph,) = [r for r in report["gate"]["regressions"] if r.startswith("P1-")]  # P12's next call breaks too
+    assert paragraph.startswith("P1-per-expert-payloads held in the baseline (the emulation: passed on")
+    assert "fails now on emulated-v" in paragraph and "bytes differ" in paragraph and "python -m conformance.repro" \
+        in paragraph and "Shrunk counterexample" in paragraph
+    assert "GATE REGRESSION P1-per-expert-payloads held in the baseline" in regression.stdout
+
+    renamed, report = run_suite([*PROPERTIES, *COMMON, *gate, "--mutant", "renamed-elastic-buffer"], tmp_path / "r3")
+    assert renamed.returncode == 1
+    surface = [r for r in report["gate"]["regressions"] if "API surface of conformance.emulation changed" in r]
+    assert len(surface) == 1 and "ElasticBuffer: renamed to 'EPBuffer' (same methods)" in surface[0], \
+        report["gate"]["regressions"]
+    assert "import ElasticBuffer: True -> False" in surface[0]
+
+
+def test_the_gate_reports_a_fixed_known_defect_without_failing(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline.json"
+    proc, _ = run_suite([PROPERTIES[1], *COMMON, f"--write-baseline={baseline}"], tmp_path / "r0")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    fixed, report = run_suite([PROPERTIES[1], *COMMON, "--baseline", str(baseline), "--allow-partial", "--mutant",
+                               "v2-cached-dispatch-fixed"], tmp_path / "r1")
+    assert fixed.returncode == 0, fixed.stdout[-3000:]
+    assert report["gate"]["regressions"] == []
+    (note,) = [i for i in report["gate"]["improvements"] if KNOWN in i]
+    assert note.startswith(f"P12-bad-input: known defect {KNOWN} is fixed") and "Remove the entry from" in note
+    known = {k["id"]: k for k in report["known_defects"]["entries"]}
+    assert known[KNOWN]["status"] == "fixed" and known[KNOWN]["held"] >= 1
+    assert f"known defect {KNOWN}: fixed" in fixed.stdout
+
+
+def test_a_stored_counterexample_comes_back_first(tmp_path: Path) -> None:
+    """The same failing command twice, same report directory: the second run replays the stored counterexample
+    before drawing, so it fails on its first example."""
+    args = [PROPERTIES[0], "--max-examples", "10", "--conformance-seed", "1", "--mutant", "flip-one-byte", "-p",
+            "no:xdist"]
+    first, report = run_suite(args, tmp_path / "reports")
+    assert first.returncode == 1
+    (entry,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
+    before = entry["first_failure_at"]
+    assert list((tmp_path / "reports" / "hypothesis").iterdir()), "no example database written"
+    second, report = run_suite(args, tmp_path / "reports")
+    assert second.returncode == 1
+    (again,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
+    assert again["counterexample"] == entry["counterexample"]
+    assert again["first_failure_at"] == 1 < before, (before, again["first_failure_at"])
+    assert f"--conformance-seed 1 --max-examples 10 --report-dir {tmp_path / 'reports'}" in again["rerun"]
