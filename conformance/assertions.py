@@ -383,6 +383,53 @@ def assert_within_bound(got: torch.Tensor, expected: ExpectedSum, *, two_level: 
     )
 
 
+def describe_tree(levels: int, ranks_per_group: int) -> str:
+    """The reduction tree in words, as messages show it."""
+    if levels == 1:
+        return "one float32 sum of the contributions and biases, rounded once to bf16"
+    return (f"the contributions of each group of {ranks_per_group} rank(s) (a node) summed in float32 and rounded to "
+            f"bf16, then the biases and those partials summed in float32 and rounded again")
+
+
+def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_group: int | None, world_size: int,
+                     two_level: bool, name: str, rank: int, call: str, require_determined: bool = False) -> None:
+    """A combine-like bf16 result against the library's reduction tree (:mod:`conformance.oracle.tree`): byte for
+    byte wherever every float32 sum of the tree is exact, within the bound elsewhere.  ``ranks_per_group`` is the
+    backend's tree (``None``: the backend does not say, the bound with ``two_level`` applies everywhere).
+    ``require_determined``: the case was drawn so that every element is determined (exact mode)."""
+    __tracebackhide__ = True
+    if got.shape != expected.exact.shape:
+        raise AssertionError(
+            f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
+    if ranks_per_group is None:
+        if require_determined:
+            assert_bytes_equal(got, expected.rounded(), name=name, rank=rank, call=call)
+        else:
+            assert_within_bound(got, expected, two_level=two_level, name=name, rank=rank, call=call)
+        return
+    tree = expected.tree(ranks_per_group, world_size)
+    if require_determined and not bool(tree.determined.all()):
+        token, col = (int(i) for i in (~tree.determined).nonzero()[0])
+        raise AssertionError(f"the suite drew an exact-mode case whose float32 sums are not exact at {name}[rank "
+                             f"{rank}, token {token}, col {col}]: a defect of the strategy, not of the library")
+    differs = tree.determined & (got.contiguous().view(torch.int16) != tree.value.contiguous().view(torch.int16))
+    if bool(differs.any()):
+        token, col = (int(i) for i in differs.nonzero()[0])
+        columns = differs[token].nonzero().flatten().tolist()
+        raise Mismatch(
+            f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r}, but the library's "
+            f"reduction tree ({describe_tree(tree.levels, ranks_per_group)}) gives "
+            f"{float(tree.value[token, col])!r} exactly here (every float32 sum on the way is exact); "
+            f"{int(differs.sum())} element(s) differ [{call}]",
+            mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], tree.value[token], columns,
+                            against="the reduction tree", call=call, tokens=[(rank, token)]),
+        )
+    rest = ~tree.determined
+    if bool(rest.any()):
+        assert_within_bound(torch.where(rest, got, tree.value), expected, two_level=tree.levels == 2, name=name,
+                            rank=rank, call=call)
+
+
 def assert_close_across(got: torch.Tensor, other: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str,
                         rank: int, call: str, against: str) -> None:
     """Two backends' bf16 results differ by at most the sum of their bounds (triangle inequality)."""

@@ -285,7 +285,11 @@ def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: 
     assert gate.returncode == pytest.ExitCode.USAGE_ERROR and "is a partial run" in gate.stderr, gate.stderr
 
 
-def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["SIGINT to the group (Ctrl-C)", "SIGTERM to the group (timeout)",
+                                 "SIGTERM to pytest only (kill PID)"])
+def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path, how: str) -> None:
+    """Ctrl-C, ``timeout`` and a plain ``kill``: the run stops within seconds, reports what finished as a partial
+    run, and leaves no worker or rank process behind."""
     reports = tmp_path / "reports"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--nodes", "2", f"--report-dir={reports}",
@@ -300,10 +304,18 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
             break
     time.sleep(2.0)
     started = time.monotonic()
-    os.killpg(proc.pid, signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
+    signum = signal.SIGINT if how.startswith("SIGINT") else signal.SIGTERM
+    if "group" in how:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     took = time.monotonic() - started
-    print(f"interrupted: exit {proc.returncode} {took:.1f} s after SIGINT")
+    print(f"{how}: exit {proc.returncode} {took:.1f} s after the signal")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, "".join(lines)[-2000:] + out[-2000:]
     assert took <= 10, f"took {took:.1f} s to stop"
     assert_group_gone(proc.pid)

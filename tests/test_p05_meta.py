@@ -119,3 +119,44 @@ def test_p5_strategy_reaches_the_corners() -> None:
     find(strategy, lambda c: 0 in c.example.tokens_per_rank, settings=FIND_SETTINGS)
     find(strategy, lambda c: reaches(c.example, 2), settings=FIND_SETTINGS)  # summed over two ranks
     find(strategy, lambda c: reaches(c.example, 0), settings=FIND_SETTINGS)  # bias only / +0.0
+
+
+# ------------------------------------------------------------------------------------------ the reduction tree
+
+
+def _bf16(*values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.bfloat16)
+
+
+def test_the_tree_by_hand_two_levels_round_differently_from_one() -> None:
+    from conformance.oracle.tree import predict_token
+
+    # Ranks 0 and 1 form node 0, rank 2 node 1; every float32 sum below is exact.
+    contributions = [(0, _bf16(1.0, 255.0)), (1, _bf16(2.0**-8, 1.5)), (2, _bf16(2.0**-8, 1.5))]
+    one, exact_one = predict_token(contributions, [], 4, 4, 2)
+    two, exact_two = predict_token(contributions, [], 2, 4, 2)
+    assert exact_one.all() and exact_two.all()
+    # column 0: one level 1 + 2**-7 (a bf16 value: exact); two levels bf16(1 + 2**-8) = 1 (tie to even), + 2**-8.
+    assert one.tolist()[0] == 1.0 + 2.0**-7 and two.tolist()[0] == 1.0
+    assert one.tolist()[1] == 258.0 and two.tolist()[1] == 258.0
+
+
+def test_the_tree_predicts_nothing_where_a_float32_sum_is_inexact_or_special() -> None:
+    from conformance.oracle.tree import exact_float32_sum
+
+    terms = torch.tensor([[2.0**30, 1.0, float("nan"), 2.0**-130], [1.0, 2.0**-20, 1.0, 0.0]], dtype=torch.float64)
+    total, exact = exact_float32_sum(terms)
+    # 2**30 + 1: needs 31 bits (inexact); 1 + 2**-20: exact; NaN: never; a subnormal term: never.
+    assert exact.tolist() == [False, True, False, False]
+    assert total[1] == 1.0 + 2.0**-20
+
+
+def test_p5_catches_one_extra_rounding_on_one_node_and_on_two(emulated_session, two_node_session) -> None:
+    for session, strategy in ((emulated_session, combine_cases(2)), (two_node_session, combine_cases(4))):
+        _, message = assert_caught(session, P5, "combine-extra-rounding", strategy)
+        assert "reduction tree" in message, message
+
+
+def test_p5_catches_a_hybrid_reduction_that_rounds_once(two_node_session) -> None:
+    _, message = assert_caught(two_node_session, P5, "hybrid-reduction-rounds-once", combine_cases(4))
+    assert "reduction tree" in message and "group of 2 rank(s)" in message, message

@@ -114,6 +114,11 @@ def test_github_step_summary_gets_the_matrix(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     entry = entry_from_report(_report("passed", verdicts={"emulated-v1": _column("passed", 25, 25)}), CONFIG)
     document = finish_run(str(tmp_path / "reports"), CONFIG, [entry], 1.0, write_baseline=str(tmp_path / "b.json"))
+    # One property of the catalog ran: a partial run, whose baseline is refused unless asked for.
+    assert not (tmp_path / "b.json").exists() and "this run is partial" in document["baseline_refused"]
+    summary.write_text("earlier step\n")
+    document = finish_run(str(tmp_path / "reports"), CONFIG, [entry], 1.0, write_baseline=str(tmp_path / "b.json"),
+                          allow_partial=True)
     text = summary.read_text()
     assert text.startswith("earlier step\n## DeepEP conformance") and "| P5-combine | passed | passed 25/25" in text
     assert json.loads((tmp_path / "b.json").read_text())["schema"] == 3

@@ -72,6 +72,12 @@ class Backend(Protocol):
         """The combine call, as failure messages show it."""
         ...
 
+    # Optional: ``reduction_group(raw) -> int | None``, the library's reduction tree for the combine of ``raw``:
+    # how many consecutive ranks' contributions are summed in float32 and rounded to the payload dtype before
+    # the last level (the ranks of one node; the group size when combine rounds once).  With it, the checks
+    # predict combine's bytes wherever the float32 sums are exact; without it (or ``None``) they use the
+    # error bound only.
+
     def destroy(self) -> None:
         """Release the buffers (before the process group goes away)."""
         ...

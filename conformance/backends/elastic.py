@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase
+from conformance.backends.contract import AdapterBase, Raw
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
@@ -56,6 +56,14 @@ class ElasticAdapter(AdapterBase):
         while self._buffers:
             _, buffer = self._buffers.popitem()
             buffer.destroy()
+
+    def reduction_group(self, raw: Raw) -> int:
+        """Hybrid mode with ``allow_multiple_reduction`` rounds each scale-out node's sum first; otherwise
+        combine rounds once."""
+        buffer = raw["buffer"]
+        if int(buffer.num_scaleout_ranks) > 1 and bool(buffer.allow_multiple_reduction):
+            return int(buffer.num_scaleup_ranks)
+        return int(self.group.size())
 
     def describe_dispatch(self, example: Example, rank: int, options: DispatchOptions) -> str:
         """The call, as failure messages show it."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase
+from conformance.backends.contract import AdapterBase, Raw
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
@@ -44,6 +44,12 @@ class LegacyAdapter(AdapterBase):
         if self._buffer is not None:
             self._buffer.destroy()
             self._buffer = None
+
+    def reduction_group(self, raw: Raw) -> int:
+        """Intranode combine rounds once; internode (``get_num_rdma_ranks() > 1``) each node's NVLink forwarder
+        rounds its ranks' sum first (``internode::combine``)."""
+        num_ranks = self.group.size()
+        return num_ranks // max(1, int(self.buffer.runtime.get_num_rdma_ranks()))
 
     def describe_dispatch(self, example: Example, rank: int) -> str:
         """The call, as failure messages show it."""

@@ -143,6 +143,22 @@ def _wait_previous(previous_event: EventOverlap | None) -> None:
         event.current_stream_wait()
 
 
+class _Runtime:
+    """The few queries of the library's C++ runtime (``deep_ep._C.Buffer``) that clients read."""
+
+    def __init__(self, num_rdma_ranks: int, rdma_rank: int) -> None:
+        self._num_rdma_ranks = num_rdma_ranks
+        self._rdma_rank = rdma_rank
+
+    def get_num_rdma_ranks(self) -> int:
+        """RDMA ranks (nodes): the library's ``max(1, num_ranks / 8)``, the emulation's nodes."""
+        return self._num_rdma_ranks
+
+    def get_rdma_rank(self) -> int:
+        """This rank's RDMA rank (node index)."""
+        return self._rdma_rank
+
+
 class Buffer:
     """Pure-PyTorch model of ``deep_ep.Buffer`` running over any ``torch.distributed`` process group.
 
@@ -206,7 +222,7 @@ class Buffer:
         self.allow_mnnvl = allow_mnnvl
         self.explicitly_destroy = explicitly_destroy
         self.enable_shrink = enable_shrink
-        self.runtime: object | None = object()
+        self.runtime: _Runtime | None = _Runtime(self._topo.num_nodes, self._topo.node)
 
     @property
     def _internode(self) -> bool:
@@ -727,14 +743,29 @@ class Buffer:
         topk_weights: torch.Tensor | None,
         num_tokens: int,
         bias: Bias,
+        ranks_per_group: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return the rows to their sources and reduce them there.  Intranode: one float32 accumulation (bias
+        first), one rounding.  Internode (``ranks_per_group``: the ranks of one node): as the library's
+        ``internode::combine`` (csrc/kernels/legacy/internode.cu, ``combine_token``), the NVLink forwarder of
+        each node sums that node's contributions in float32 and writes them as ``x.dtype`` into the RDMA
+        buffer; the RDMA receiver sums the two biases and the nodes' partials in float32 and rounds again."""
         parts = _exchange.return_to_sources(
             self.group, x.device, src_rank, {"x": x, "token": src_token, "w": topk_weights}
         )
         contributions = [(p["token"], p["x"]) for p in parts]
-        combined_x = _route.combine_reduce(
-            num_tokens, x.shape[1], contributions, _unpack_bias(bias), x.dtype, x.device
-        )
+        if ranks_per_group is None:
+            combined_x = _route.combine_reduce(
+                num_tokens, x.shape[1], contributions, _unpack_bias(bias), x.dtype, x.device
+            )
+        else:
+            groups: list[list[tuple[torch.Tensor, torch.Tensor]]] = [
+                [] for _ in range(self.group_size // ranks_per_group)]
+            for source, contribution in enumerate(contributions):
+                groups[source // ranks_per_group].append(contribution)
+            combined_x = _route.combine_reduce_two_level(
+                num_tokens, x.shape[1], groups, _unpack_bias(bias), x.dtype, x.device
+            )
         combined_w = None
         if topk_weights is not None:
             combined_w = torch.zeros(
@@ -1048,6 +1079,7 @@ class Buffer:
             None if topk_weights is None else topk_weights[:num_recv],
             is_combined_token_in_rank.shape[0],
             bias,
+            ranks_per_group=self._topo.ranks_per_node,
         )
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
 

@@ -77,8 +77,10 @@ def run_property(session: Any, prop: Property) -> None:
     check_one._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
         f"{property_id}|world={config.world_size}|mutant={session.mutant}".encode())
     database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
+    # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
+    # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
     body = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
-                    database=database)(given(case=prop.strategy(config.shape))(check_one))
+                    database=database, report_multiple_bugs=False)(given(case=prop.strategy(config.shape))(check_one))
 
     for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
         body = example(case=case)(body)

@@ -10,12 +10,19 @@ Those counts come from ``<report dir>/.progress/<worker>.json``, which each work
 second) as examples finish: pytest-xdist forwards a test's report only when the test ends, so the controller reads
 them whenever any report arrives.  Without xdist the running property also gets a line every 20 examples or
 30 seconds.  ``-qq`` turns progress off.
+
+SIGTERM (``timeout``, a CI job cancelled, ``kill``) stops a conformance run the way Ctrl-C does: the properties
+that finished are reported, the report says the run was interrupted, and no rank process is left.  The handler
+is installed only in the main thread of a selected run whose SIGTERM handler is still the default one (a host
+that installed its own keeps it), and the default is restored when the run ends.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,6 +47,7 @@ class ConformanceRun:
         self.document: dict[str, Any] | None = None
         self.baseline: dict[str, Any] | None = None
         self.session: Any = None
+        self._sigterm_installed = False
         values = option_values(config.option)
         seed_note = None
         if not self.is_worker and values["baseline"]:
@@ -72,6 +80,21 @@ class ConformanceRun:
                     pass
             if not config.option.xmlpath and not config.option.collectonly:
                 config.option.xmlpath = os.path.join(self.report_dir, "junit.xml")
+        self._install_sigterm()
+
+    # ------------------------------------------------------------------------------------------ SIGTERM
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the host (an IDE, a runner) handles SIGTERM itself: not ours to change
+        signal.signal(signal.SIGTERM, _terminated)
+        self._sigterm_installed = True
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._sigterm_installed and signal.getsignal(signal.SIGTERM) is _terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._sigterm_installed = False
 
     def _resolve(self, workerinput: dict[str, Any] | None) -> Any:
         """The run configuration: checked in the controller, handed to the workers as resolved values."""
@@ -260,6 +283,33 @@ class ConformanceRun:
         terminalreporter.section("DeepEP conformance summary", sep="-")
         for line, style in summary_lines(document):
             terminalreporter.write_line(line, **style)
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM: stop as Ctrl-C stops (pytest reports what finished, the sessions close their rank worlds).
+
+    A terminal's Ctrl-C reaches the whole process group; a ``kill PID`` reaches this process only, so the
+    children (xdist workers, rank processes) get the SIGINT they would have got from Ctrl-C: each worker then
+    reports and closes its world at once instead of being waited for."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    for child in _children():
+        try:
+            os.kill(child, signal.SIGINT)
+        except OSError:
+            pass
+    raise KeyboardInterrupt("SIGTERM: the run was terminated")
+
+
+def _children() -> list[int]:
+    """This process's direct children (Linux ``/proc``; elsewhere none, and the workers are waited for)."""
+    pids: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{os.getpid()}/task"):
+            with open(f"/proc/{os.getpid()}/task/{task}/children") as f:
+                pids += [int(pid) for pid in f.read().split()]
+    except OSError:
+        return []
+    return pids
 
 
 def describe_kind(spec: Any) -> str:

@@ -172,3 +172,36 @@ def negative_zero_flushed() -> Iterator[None]:
         return torch.where(bits == NEGATIVE_ZERO, torch.zeros_like(bits), bits)
 
     yield from _rewrite_received_payload(rewrite)
+
+
+_combine_reduce_two_level = _route.combine_reduce_two_level
+
+
+@register("combine-extra-rounding", "harmful",
+          "combine rounds its float32 accumulator to bf16 once more than the library's tree: after the biases and the "
+          "first source rank's rows (after the first two source ranks' rows when there is no bias)")
+def combine_extra_rounding() -> Iterator[None]:
+    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+        contributions = list(contributions)
+        nonempty = _nonempty(contributions)
+        split = 1 if bias else 2
+        if len(nonempty) < split or out_dtype == torch.float32:
+            return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+        cut = nonempty[split - 1] + 1
+        head = _combine_reduce(num_tokens, hidden, contributions[:cut], bias, out_dtype, device)
+        return _combine_reduce(num_tokens, hidden, contributions[cut:], [head], out_dtype, device)
+
+    with mock.patch.object(_route, "combine_reduce", patched):
+        yield
+
+
+@register("hybrid-reduction-rounds-once", "harmful",
+          "the multi-node combine (V1 internode, V2 hybrid) sums every node's contributions in one float32 "
+          "accumulation and rounds once, skipping the forwarders' per-node bf16 rounding", min_nodes=2)
+def hybrid_reduction_rounds_once() -> Iterator[None]:
+    def patched(num_tokens, hidden, groups, bias, out_dtype, device):
+        flat = [contribution for group in groups for contribution in group]
+        return _combine_reduce(num_tokens, hidden, flat, bias, out_dtype, device)
+
+    with mock.patch.object(_route, "combine_reduce_two_level", patched):
+        yield

@@ -17,26 +17,28 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Mutant:
-    """A planted defect. ``kind`` is ``harmful`` (must be caught) or ``benign`` (must not be flagged)."""
+    """A planted defect. ``kind`` is ``harmful`` (must be caught) or ``benign`` (must not be flagged).
+    ``min_nodes``: the code it breaks runs only in worlds of that many nodes (fewer: not applicable)."""
 
     name: str
     kind: str
     description: str
     patch: Callable[[], AbstractContextManager[None]]
+    min_nodes: int = 1
 
 
 MUTANTS: dict[str, Mutant] = {}
 
 
-def register(name: str, kind: str, description: str) -> Callable:
-    """Decorator registering a generator-based context manager as a mutant."""
+def register(name: str, kind: str, description: str, *, min_nodes: int = 1) -> Callable:
+    """Decorator registering a generator-based context manager as a mutant (``min_nodes``: see :class:`Mutant`)."""
     if kind not in ("harmful", "benign"):
         raise ValueError(f"mutant kind must be 'harmful' or 'benign', got {kind!r}")
 
     def decorate(fn: Callable[[], Iterator[None]]) -> Callable[[], Iterator[None]]:
         if name in MUTANTS:
             raise ValueError(f"mutant {name!r} registered twice")
-        MUTANTS[name] = Mutant(name, kind, description, contextlib.contextmanager(fn))
+        MUTANTS[name] = Mutant(name, kind, description, contextlib.contextmanager(fn), min_nodes)
         return fn
 
     return decorate

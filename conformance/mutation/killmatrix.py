@@ -4,7 +4,10 @@ the JSON report and the exit status.
 Entries are plain JSON-able dicts so that reports written by worker processes (``--jobs``) merge as is::
 
     {"name", "kind", "description", "killed", "killed_by": [property ids], "examples_to_kill", "wall_s",
-     "properties": {property id: {"outcome", "examples", "message", "example", "wall_s"}}}
+     "properties": {property id: {"outcome", "examples", "message", "example", "wall_s"}},
+     "not_applicable": why the mutant did not run in this world (e.g. a multi-node defect, one node), or null}
+
+A not-applicable mutant counts neither as harmful nor as benign in the summary; it is listed with its reason.
 
 A property's ``outcome`` on a mutant is one of :data:`OUTCOMES`.
 """
@@ -32,7 +35,8 @@ def property_outcome(
             "wall_s": round(wall_s, 3)}
 
 
-def mutant_entry(name: str, kind: str, description: str, properties: dict[str, dict], wall_s: float) -> dict:
+def mutant_entry(name: str, kind: str, description: str, properties: dict[str, dict], wall_s: float,
+                 not_applicable: str | None = None) -> dict:
     """One row of the matrix; ``killed_by`` / ``examples_to_kill`` are derived from the cells."""
     killers = {pid: cell for pid, cell in properties.items() if cell["outcome"] == "killed"}
     return {
@@ -44,6 +48,7 @@ def mutant_entry(name: str, kind: str, description: str, properties: dict[str, d
         "examples_to_kill": min((cell["examples"] for cell in killers.values()), default=None),
         "wall_s": round(wall_s, 3),
         "properties": properties,
+        "not_applicable": not_applicable,
     }
 
 
@@ -55,8 +60,9 @@ def property_sort_key(property_id: str) -> tuple[int, str]:
 
 def summarize(entries: list[dict], *, wall_s: float, max_examples: int, world: dict[str, Any]) -> dict:
     """The summary of a kill matrix (counts, survivors, false alarms, median examples to kill)."""
-    harmful = [e for e in entries if e["kind"] == "harmful"]
-    benign = [e for e in entries if e["kind"] == "benign"]
+    applicable = [e for e in entries if not e.get("not_applicable")]
+    harmful = [e for e in applicable if e["kind"] == "harmful"]
+    benign = [e for e in applicable if e["kind"] == "benign"]
     to_kill = [e["examples_to_kill"] for e in harmful if e["killed"]]
     problems = {outcome: [f"{e['name']} / {pid}: {cell['message']}" for e in entries
                           for pid, cell in e["properties"].items() if cell["outcome"] == outcome]
@@ -68,6 +74,7 @@ def summarize(entries: list[dict], *, wall_s: float, max_examples: int, world: d
         "benign_spared": sum(not e["killed"] for e in benign),
         "survivors": [e["name"] for e in harmful if not e["killed"]],
         "false_alarms": [e["name"] for e in benign if e["killed"]],
+        "not_applicable": [f"{e['name']}: {e['not_applicable']}" for e in entries if e.get("not_applicable")],
         "unattributed": problems["unattributed"],
         "errors": problems["error"],
         "median_examples_to_kill": statistics.median(to_kill) if to_kill else None,
@@ -93,6 +100,8 @@ def write_report(path: str | Path, entries: list[dict], summary: dict) -> Path:
 
 def verdict(entry: dict) -> str:
     """``killed`` / ``SURVIVED`` for harmful mutants, ``spared`` / ``FALSE ALARM`` for benign ones."""
+    if entry.get("not_applicable"):
+        return "n/a"
     if entry["kind"] == "harmful":
         return "killed" if entry["killed"] else "SURVIVED"
     return "FALSE ALARM" if entry["killed"] else "spared"
@@ -121,6 +130,7 @@ def summary_lines(summary: dict) -> list[str]:
         f"{summary['median_examples_to_kill']}, {summary['wall_s']:.1f} s "
         f"(max {summary['max_examples']} examples per property)"
     ]
+    lines += [f"not applicable here: {item}" for item in summary.get("not_applicable", [])]
     lines += [f"SURVIVOR (harmful, no property failed): {name}" for name in summary["survivors"]]
     lines += [f"FALSE ALARM (benign, a property failed): {name}" for name in summary["false_alarms"]]
     lines += [f"UNATTRIBUTED (fails without the mutant too): {item}" for item in summary["unattributed"]]

@@ -122,6 +122,11 @@ def run_mutant(
 ) -> dict:
     """Plant ``mutant`` and run every property of ``catalog`` on it; one kill-matrix entry."""
     started = time.monotonic()
+    nodes = session.config.shape.nodes
+    if nodes < mutant.min_nodes:
+        return mutant_entry(mutant.name, mutant.kind, mutant.description, {}, 0.0,
+                            not_applicable=f"the code it breaks runs only with --nodes >= {mutant.min_nodes} "
+                                           f"(this matrix: --nodes {nodes})")
     with session.planted(mutant.name):
         cells = {pid: run_property(session, prop, budget) for pid, prop in catalog.items()}
     return mutant_entry(mutant.name, mutant.kind, mutant.description, cells, time.monotonic() - started)

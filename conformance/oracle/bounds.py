@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from conformance.oracle.reduction import ExpectedSum
+from conformance.oracle.tree import bf16_ulp
 
 #: float32 unit roundoff.
 U32 = 2.0**-24
@@ -39,14 +40,6 @@ def gamma(k: torch.Tensor) -> torch.Tensor:
     """Higham's ``gamma_k = k u / (1 - k u)`` for float32, elementwise over ``k`` (float64)."""
     k = k.to(torch.float64).clamp(min=0)
     return k * U32 / (1 - k * U32)
-
-
-def bf16_ulp(values: torch.Tensor) -> torch.Tensor:
-    """The spacing of bf16 numbers at ``values`` (float64): ``2**(max(e, -126) - 7)``, ``2**-133`` at 0."""
-    v = values.to(torch.float64).abs()
-    _, exponent = torch.frexp(v)  # v = m * 2**exponent, 0.5 <= m < 1
-    e = torch.where(v > 0, exponent.to(torch.float64) - 1, torch.full_like(v, -126.0)).clamp(min=-126)
-    return torch.pow(2.0, e - 7)
 
 
 def reduction_bound(result: torch.Tensor, expected: ExpectedSum, two_level: bool) -> torch.Tensor:

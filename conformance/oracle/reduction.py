@@ -11,11 +11,12 @@ it reached (never one per slot), plus the bias tensors.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from conformance.core.example import Example, RankInputs
+from conformance.oracle.tree import TreePrediction, predict_token
 
 __all__ = [
     "ExpectedSum",
@@ -60,10 +61,29 @@ class ExpectedSum:
     abs_sum: torch.Tensor  # [T, H] float64
     num_terms: torch.Tensor  # [T] int64
     num_groups: torch.Tensor  # [T] int64
+    #: per token, the ``(dst_rank, row)`` contributions and the bias rows (for :meth:`tree`)
+    terms: list[tuple[list[tuple[int, torch.Tensor]], list[torch.Tensor]]] = field(default_factory=list, repr=False)
+    _trees: dict[tuple[int, int], TreePrediction] = field(default_factory=dict, repr=False)
 
     def rounded(self) -> torch.Tensor:
         """The exact sum rounded once to bfloat16 (through float32, exact for the integer payloads)."""
         return self.exact.to(torch.float32).to(torch.bfloat16)
+
+    def tree(self, ranks_per_group: int, world_size: int) -> TreePrediction:
+        """The result of the library's reduction tree (:mod:`conformance.oracle.tree`) with first-level groups of
+        ``ranks_per_group`` consecutive ranks (one level when that covers ``world_size``), and where it is
+        determined byte for byte."""
+        key = (min(ranks_per_group, world_size), world_size)
+        if key not in self._trees:
+            hidden = self.exact.shape[1]
+            rows = [predict_token(contributions, biases, key[0], world_size, hidden)
+                    for contributions, biases in self.terms]
+            shape = tuple(self.exact.shape)
+            value = torch.stack([r[0] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bfloat16)
+            determined = torch.stack([r[1] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bool)
+            self._trees[key] = TreePrediction(value.reshape(shape), determined.reshape(shape),
+                                              1 if key[0] >= world_size else 2)
+        return self._trees[key]
 
 
 def reduce_terms(
@@ -78,6 +98,7 @@ def reduce_terms(
     abs_sum = torch.zeros(num_tokens, hidden, dtype=torch.float64)
     num_terms = torch.zeros(num_tokens, dtype=torch.int64)
     num_groups = torch.zeros(num_tokens, dtype=torch.int64)
+    kept = []
     for token in range(num_tokens):
         terms = contributions(token)
         rows = [row for _, row in terms] + [b[token] for b in biases]
@@ -86,7 +107,8 @@ def reduce_terms(
             abs_sum[token] += row.double().abs()
         num_terms[token] = len(rows)
         num_groups[token] = len({dst // ranks_per_node for dst, _ in terms})
-    return ExpectedSum(exact, abs_sum, num_terms, num_groups)
+        kept.append((terms, [b[token] for b in biases]))
+    return ExpectedSum(exact, abs_sum, num_terms, num_groups, kept)
 
 
 def scaled_expert_row(row: torch.Tensor, dst_rank: int) -> torch.Tensor:

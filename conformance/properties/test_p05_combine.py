@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_bytes_equal, assert_close_across, assert_within_bound, for_each_backend
+from conformance.assertions import assert_bytes_equal, assert_close_across, assert_reduction, for_each_backend
 from conformance.core.cases import CombineCase
 from conformance.core.example import build_all_inputs, build_biases
 from conformance.oracle.reduction import expected_combined_weights, expected_scaled_combine, scaled_weight
@@ -20,9 +20,11 @@ from conformance.tasks.combine import CombineResult, combine_outputs
 
 
 def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) -> None:
-    """combined_x = sum over the ranks a token reached of their expert outputs, plus the biases: byte-exact in
-    ``exact`` mode (and byte-identical across backends), within the float32-accumulation bound in ``bounded``
-    mode.  combined_topk_weights[t, k] = the weight the owner of slot k's expert returned (0 at -1 slots),
+    """combined_x = sum over the ranks a token reached of their expert outputs, plus the biases, through the
+    backend's reduction tree (one rounding on one node; per-node partials rounded first on several): byte-exact
+    wherever the tree's float32 sums are exact (every element in ``exact`` mode, most in ``bounded`` mode; and
+    byte-identical across backends in ``exact`` mode), within the float32-accumulation bound elsewhere.
+    combined_topk_weights[t, k] = the weight the owner of slot k's expert returned (0 at -1 slots),
     byte-exact and byte-identical across backends.  A backend's known combine limit is reported unsupported."""
     __tracebackhide__ = True
     example = case.example
@@ -35,12 +37,9 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
         own = inputs[rank].topk_weights
         weights = expected_combined_weights(
             example, inputs, rank, lambda dst, token, slot, w=own: scaled_weight(w[token, slot], dst))
-        if case.mode == "exact":
-            assert_bytes_equal(result.combined_x, expected[rank].rounded(), name="combined_x", rank=rank,
-                               call=result.call)
-        else:
-            assert_within_bound(result.combined_x, expected[rank], two_level=two_level, name="combined_x", rank=rank,
-                                call=result.call)
+        assert_reduction(result.combined_x, expected[rank], ranks_per_group=result.reduction_group,
+                         world_size=example.world_size, two_level=two_level, name="combined_x", rank=rank,
+                         call=result.call, require_determined=case.mode == "exact")
         if result.not_checked:
             ctx.record_not_checked(backend, result.not_checked)
             return

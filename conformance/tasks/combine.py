@@ -38,6 +38,7 @@ class CombineResult:
     combined_x: torch.Tensor  # [T, hidden] bf16
     combined_topk_weights: torch.Tensor | None  # [T, num_topk] float32
     not_checked: str | None = None  # a part the backend cannot take (e.g. no combine_weights): not passed
+    reduction_group: int | None = None  # the backend's reduction tree (see reduction_group below); None: unknown
 
 
 @dataclass
@@ -67,9 +68,17 @@ class GradResult:
     direct_rows: torch.Tensor | None  # cached dispatch of the upstream grad called directly
     unmasked_weights: torch.Tensor | None = None  # combine of weight grads NOT zeroed at non-local slots
     not_checked: list[str] = field(default_factory=list)  # comparisons the backend's capabilities do not allow
+    reduction_group: int | None = None  # the backend's reduction tree for x.grad (a combine)
 
 
 # ------------------------------------------------------------------------------------------------- tasks
+
+
+def reduction_group(adapter: Any, raw: dict[str, Any]) -> int | None:
+    """How many consecutive ranks' contributions the backend's combine sums and rounds before its last level
+    (``Backend.reduction_group``, optional: ``None`` where the backend does not say)."""
+    method = getattr(adapter, "reduction_group", None)
+    return None if method is None else int(method(raw))
 
 
 def _dispatched(env: RankEnv) -> dict[str, Any]:
@@ -98,7 +107,8 @@ def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
                                bias=bias_argument(biases))
         return CombineResult(adapter.describe_combine(example, env.rank), x.cpu(), None if w is None else w.cpu(),
                              None if with_weights else "combined_topk_weights: the backend does not declare the "
-                             "capability 'combine_weights' (combine was called without topk_weights)")
+                             "capability 'combine_weights' (combine was called without topk_weights)",
+                             reduction_group(adapter, raw))
 
     return env.then_each_backend(_dispatched(env), "combine", then)
 
@@ -110,7 +120,8 @@ def round_trip(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
     def then(adapter: Any, dispatched: tuple[DispatchView, dict[str, Any]]) -> CombineResult:
         _, raw = dispatched
         x, _ = adapter.combine(raw, raw["recv_x"])
-        return CombineResult(adapter.describe_combine(env.example, env.rank), x.cpu(), None)
+        return CombineResult(adapter.describe_combine(env.example, env.rank), x.cpu(), None,
+                             reduction_group=reduction_group(adapter, raw))
 
     return env.then_each_backend(_dispatched(env), "combine", then)
 
@@ -190,6 +201,7 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
             call, view.src_rank, view.src_token, fwd["x"].grad.cpu(), fwd["w"].grad.cpu(),
             None if direct_x is None else direct_x.cpu(), None if direct_w is None else direct_w.cpu(),
             expert_out.grad.cpu(), direct_rows, None if unmasked_w is None else unmasked_w.cpu(), not_checked,
+            reduction_group(adapter, raw),
         )
 
     return env.then_each_backend(env.each_backend("dispatch", forward), "combine", backward)

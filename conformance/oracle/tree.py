@@ -1,0 +1,104 @@
+"""The library's reduction tree, predicted byte for byte wherever its float32 arithmetic is exact.
+
+Combine (and the gradient of dispatch, which is a combine) sums bf16 terms in float32 and rounds to bf16.
+On one node it rounds once.  On several nodes the library rounds twice (DeepEP 2.1.0: V1 internode,
+``csrc/kernels/legacy/internode.cu`` ``combine_token``: each node's NVLink forwarder sums the contributions
+of that node's ranks in float32 and writes them as bf16 into the RDMA buffer, and the receiver sums the
+biases and the nodes' partials in float32 and rounds again; V2 hybrid mode with
+``allow_multiple_reduction=True``: the same two levels, per scale-out node).
+
+The order of the float32 additions is the library's business and varies between kernels and runs, so a
+bound (:mod:`conformance.oracle.bounds`) is all that can be said in general.  But a float32 sum is *exact*
+(the same in every order) when all terms are multiples of one power of two ``2**q`` and the sum of their
+magnitudes stays below ``2**(24 + q)``: every partial sum is then an integer multiple of ``2**q`` smaller
+than ``2**24 * 2**q``, which float32 represents; ``2**q`` is the smallest of the terms' lowest set bits.
+Where that holds at every level of the tree, the result is the exact sum of each level rounded once to bf16
+(round to nearest even): a prediction of the bytes.  Everywhere else the checks fall back to the bound.
+
+Subnormal terms or sums are never predicted (whether the kernels flush them is not recorded), nor are
+non-finite ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: float32 significand bits (with the hidden bit).
+F32_DIGITS = 24
+#: Smallest normal float32 (and bf16) magnitude.
+MIN_NORMAL = 2.0**-126
+
+
+def bf16_ulp(values: torch.Tensor) -> torch.Tensor:
+    """The spacing of bf16 numbers at ``values`` (float64): ``2**(max(e, -126) - 7)``, ``2**-133`` at 0."""
+    v = values.to(torch.float64).abs()
+    _, exponent = torch.frexp(v)  # v = m * 2**exponent, 0.5 <= m < 1
+    e = torch.where(v > 0, exponent.to(torch.float64) - 1, torch.full_like(v, -126.0)).clamp(min=-126)
+    return torch.pow(2.0, e - 7)
+
+
+def lowest_bit(values: torch.Tensor) -> torch.Tensor:
+    """The largest power of two dividing each finite nonzero float64 value (``inf`` at 0)."""
+    v = values.to(torch.float64)
+    mantissa, exponent = torch.frexp(v)  # v = m * 2**e, 0.5 <= |m| < 1: m * 2**53 is an integer
+    k = (mantissa.abs() * 2.0**53).to(torch.int64)
+    low = (k & -k).to(torch.float64)
+    return torch.where(v != 0, torch.ldexp(low, exponent - 53), torch.full_like(v, float("inf")))
+
+
+def exact_float32_sum(terms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum, exact)`` over the first dimension of bf16-valued ``terms`` ``[n, ...]``: the float64 sum and
+    whether a float32 accumulation of these terms gives it in every order (see the module doc)."""
+    if terms.shape[0] == 0:
+        shape = terms.shape[1:]
+        return torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.bool)
+    t = terms.to(torch.float64)
+    finite = torch.isfinite(t).all(dim=0)
+    t = torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+    magnitude = t.abs()
+    nonzero = magnitude > 0
+    quantum = lowest_bit(t).amin(dim=0)
+    total = magnitude.sum(dim=0)
+    no_subnormal = ~(nonzero & (magnitude < MIN_NORMAL)).any(dim=0)
+    exact = finite & no_subnormal & ((total == 0) | (total < quantum * 2.0**F32_DIGITS))
+    result = t.sum(dim=0)
+    exact &= (result == 0) | (result.abs() >= MIN_NORMAL)
+    return result, exact
+
+
+def round_bf16(values: torch.Tensor) -> torch.Tensor:
+    """A float64 value that float32 holds exactly, rounded once to bf16 (to nearest even)."""
+    return values.to(torch.float32).to(torch.bfloat16)
+
+
+@dataclass
+class TreePrediction:
+    """The predicted bf16 result and where it is determined (every level's float32 sum exact)."""
+
+    value: torch.Tensor  # [T, H] bf16
+    determined: torch.Tensor  # [T, H] bool
+    levels: int  # 1 or 2
+
+
+def predict_token(contributions: list[tuple[int, torch.Tensor]], biases: list[torch.Tensor],
+                  ranks_per_group: int, world_size: int, hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's combine through the tree: ``contributions`` are ``(dst_rank, bf16 row)`` pairs, ``biases``
+    bf16 rows; ranks ``d`` with the same ``d // ranks_per_group`` are summed and rounded first when the tree has
+    two levels (``ranks_per_group < world_size``)."""
+    empty = torch.zeros(0, hidden, dtype=torch.float64)
+    if ranks_per_group >= world_size:
+        rows = [row for _, row in contributions] + list(biases)
+        total, exact = exact_float32_sum(torch.stack([r.double() for r in rows]) if rows else empty)
+        return round_bf16(total), exact
+    determined = torch.ones(hidden, dtype=torch.bool)
+    partials = []
+    for group in sorted({dst // ranks_per_group for dst, _ in contributions}):
+        rows = [row.double() for dst, row in contributions if dst // ranks_per_group == group]
+        partial, exact = exact_float32_sum(torch.stack(rows))
+        partials.append(round_bf16(partial).double())
+        determined &= exact
+    rows = [b.double() for b in biases] + partials
+    total, exact = exact_float32_sum(torch.stack(rows) if rows else empty)
+    return round_bf16(total), determined & exact
