@@ -89,6 +89,10 @@ def run_property(session: Any, prop: Property) -> None:
         body._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
             body._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
 
+    if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
+        from conformance.harness.stateful import stateful_test
+
+        body = stateful_test(session, prop, SUPPRESSED)
     try:
         body()
     except BudgetExhausted as exhausted:
