@@ -284,3 +284,16 @@ class SequenceCase:
                     raise ValueError(f"step {i}: the example does not have the sequence's shape")
             if step.op == "use_destroyed" and step.use not in DESTROYED_USES:
                 raise ValueError(f"step {i}: use must be one of {DESTROYED_USES}")
+
+
+@dataclass(frozen=True)
+class SoakCase(ExampleCase):
+    """P31 (soak mode): an example dispatched and combined back ``repetitions`` times on the same buffers."""
+
+    repetitions: int = 2
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the case is valid."""
+        super().validate()
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions={self.repetitions} must be at least 1")

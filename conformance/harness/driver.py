@@ -72,6 +72,14 @@ def run_property(session: Any, prop: Property) -> None:
         finally:
             session.progress(property_id, recorder.examples)
 
+    if prop.configured is not None:  # an option's mode (--soak): its chosen cases, or a skip saying why not
+        cases = prop.configured(config)
+        if isinstance(cases, str):
+            pytest.skip(f"{property_id}: {cases}")
+        for case in cases:
+            check_one(case)
+        return
+
     # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
     # which every property shares here).
     check_one._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]

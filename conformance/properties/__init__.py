@@ -89,6 +89,8 @@ class Property:
             preflight fails the other properties at once): the API surface is what explains a broken build.
         stateful: a stateful property (:class:`Stateful`): the pytest run drives its state machine, one step per
             rank task; ``strategy`` / ``task`` / ``check`` still take whole cases (replays, the kill matrix).
+        configured: ``configured(run config) -> [case, ...]`` (checked in the pytest run instead of drawn cases) or
+            a string: why the property is skipped in this run (a mode switched on by an option, like ``--soak``).
     """
 
     id: str
@@ -102,6 +104,7 @@ class Property:
     needs: tuple[str, ...] = ()
     runs_when_broken: bool = False
     stateful: Stateful | None = None
+    configured: Callable[[Any], list[Any] | str] | None = None
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
