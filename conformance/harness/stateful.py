@@ -26,8 +26,8 @@ STEPS_PER_SEQUENCE = 10
 
 def sequences_for(max_examples: int) -> int:
     """Sequences drawn for ``--max-examples N``: a sequence makes up to ten calls, so fewer of them than cases of a
-    single-call property fit the same time (at least 5)."""
-    return max(5, max_examples * 2 // 5)
+    single-call property fit the same time (N / 4, at least 4: 6 sequences by default)."""
+    return max(4, max_examples // 4)
 
 
 def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
