@@ -19,7 +19,13 @@ import pytest
 from conformance.harness.options import Machine, SetupError, build_run_config
 from tests.conftest import ROOT
 
-PROPERTIES = 14
+def _catalog_size() -> int:
+    from conformance.properties import catalog
+
+    return len(catalog())
+
+
+PROPERTIES = _catalog_size()
 
 
 def _pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,

@@ -142,3 +142,158 @@ class ApiSurfaceCase:
 def example_of(case: Any) -> Example | None:
     """The example a case is built on (the case itself when it is an :class:`Example`), or ``None``."""
     return case if isinstance(case, Example) else getattr(case, "example", None)
+
+
+# ----------------------------------------------------------------------------------------------- call sequences
+
+#: The calls a step of a call sequence (P30) makes, on every selected backend at once.
+SEQUENCE_OPS = ("create", "dispatch", "cached", "combine", "wait", "grad", "destroy", "use_destroyed")
+#: What ``use_destroyed`` calls on the destroyed buffer.
+DESTROYED_USES = ("dispatch", "combine", "destroy")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call of a sequence, made on every selected backend's live buffer (V1 and V2 side by side).
+
+    Every step has an id: its position in the sequence.  ``ref`` names an earlier step: the dispatch whose handle
+    a ``cached`` / ``combine`` uses, the async step a ``wait`` waits on.  ``after`` names an async step still in
+    flight whose event is passed as ``previous_event`` (then the call is async and allocates on the communication
+    stream, as both APIs require).  ``example`` gives a ``dispatch`` (or ``grad``) its routing and payload.
+    """
+
+    op: str
+    ref: int = -1
+    example: Example | None = None
+    async_op: bool = False
+    after: int = -1
+    use: str = ""  # use_destroyed: one of DESTROYED_USES
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only the fields that matter for this op (readable JSON)."""
+        out: dict[str, Any] = {"op": self.op}
+        if self.ref >= 0:
+            out["ref"] = self.ref
+        if self.example is not None:
+            out["example"] = dataclasses.asdict(self.example)
+        if self.async_op:
+            out["async_op"] = True
+        if self.after >= 0:
+            out["after"] = self.after
+        if self.use:
+            out["use"] = self.use
+        return out
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Step:
+        """Inverse of :meth:`to_dict`."""
+        fields = dict(fields)
+        if fields.get("example") is not None:
+            fields["example"] = Example.from_json(json.dumps(fields["example"]))
+        return cls(**fields)
+
+    def describe(self, index: int) -> str:
+        """The call as one readable line (both APIs; ``s<i>`` names step ``i``'s results)."""
+        flags = ("async_finish/async_with_compute_stream=True" if self.async_op else "") + (
+            f", previous_event=s{self.after}.event, allocate_on_comm_stream=True" if self.after >= 0 else "")
+        flags = f", {flags.lstrip(', ')}" if flags else ""
+        if self.op == "create":
+            return f"s{index} = Buffer(group, ...) and ElasticBuffer(group, ...)  # (re-)create the live buffers"
+        if self.op == "dispatch":
+            ex = self.example
+            assert ex is not None
+            return (f"s{index} = dispatch(x, topk_idx, topk_weights{flags})  # tokens_per_rank="
+                    f"{list(ex.tokens_per_rank)}, routing={ex.routing}, mask_ratio={ex.mask_ratio}, "
+                    f"payload={ex.payload}, seed={ex.seed}, expert_alignment={ex.expert_alignment}")
+        if self.op == "cached":
+            return f"s{index} = dispatch(x2, handle=s{self.ref}.handle{flags})  # cached, another payload"
+        if self.op == "combine":
+            return f"s{index} = combine(s{self.ref}.recv_x, s{self.ref}.handle{flags})  # identity experts"
+        if self.op == "wait":
+            return f"s{self.ref}.event.current_stream_wait(); read s{self.ref}"
+        if self.op == "grad":
+            ex = self.example
+            assert ex is not None
+            return (f"s{index} = backward(combine(dispatch(x)))  # autograd round trip, tokens_per_rank="
+                    f"{list(ex.tokens_per_rank)}, seed={ex.seed}")
+        if self.op == "destroy":
+            return "buffer.destroy()  # both buffers; their handles die with them"
+        if self.op == "use_destroyed":
+            what = {"dispatch": "dispatch(x, ...)", "combine": "combine(x, handle of the destroyed buffer)",
+                    "destroy": "destroy() again"}[self.use]
+            return f"destroyed_buffer.{what}  # must raise cleanly (or, V2 destroy, do nothing)"
+        return f"{self.op}(?)"
+
+
+@dataclass(frozen=True)
+class SequenceCase:
+    """P30: a call sequence on buffers of one shape (``hidden``, top-k, experts, pinned maximum), V1 and V2 side
+    by side.  The first step creates the buffers."""
+
+    world_size: int
+    hidden: int
+    num_topk: int
+    num_experts: int
+    num_max_tokens_per_rank: int
+    steps: tuple[Step, ...] = ()
+
+    def base_example(self) -> Example:
+        """An example of the sequence's shape (no tokens): what buffers are built for."""
+        return Example(tokens_per_rank=(0,) * self.world_size, hidden=self.hidden, num_topk=self.num_topk,
+                       num_experts=self.num_experts, num_max_tokens_per_rank=self.num_max_tokens_per_rank)
+
+    def then(self, step: Step) -> SequenceCase:
+        """This sequence with ``step`` appended."""
+        return dataclasses.replace(self, steps=self.steps + (step,))
+
+    def calls(self) -> list[str]:
+        """The sequence as readable calls, one per step (the report prints them)."""
+        return [f"{i}. {step.describe(i)}" for i, step in enumerate(self.steps)]
+
+    def to_json(self) -> str:
+        """One-line JSON; ``calls`` (the readable listing) is ignored when read back."""
+        fields = {name: getattr(self, name) for name in
+                  ("world_size", "hidden", "num_topk", "num_experts", "num_max_tokens_per_rank")}
+        fields["steps"] = [step.to_dict() for step in self.steps]
+        fields["calls"] = self.calls()
+        return json.dumps(fields, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> SequenceCase:
+        """Inverse of :meth:`to_json`."""
+        fields = json.loads(text)
+        fields.pop("calls", None)
+        fields["steps"] = tuple(Step.from_dict(s) for s in fields["steps"])
+        return cls(**fields)
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless every step is well formed for its place in the sequence."""
+        self.base_example().validate()
+        if not self.steps or self.steps[0].op != "create":
+            raise ValueError("a call sequence starts with 'create'")
+        for i, step in enumerate(self.steps):
+            if step.op not in SEQUENCE_OPS:
+                raise ValueError(f"step {i}: unknown op {step.op!r}")
+            if not -1 <= step.ref < i or not -1 <= step.after < i:
+                raise ValueError(f"step {i}: ref/after must name an earlier step")
+            if step.example is not None:
+                step.example.validate()
+                if (step.example.hidden, step.example.num_topk, step.example.num_experts,
+                        step.example.num_max_tokens_per_rank, step.example.world_size) != (
+                        self.hidden, self.num_topk, self.num_experts, self.num_max_tokens_per_rank, self.world_size):
+                    raise ValueError(f"step {i}: the example does not have the sequence's shape")
+            if step.op == "use_destroyed" and step.use not in DESTROYED_USES:
+                raise ValueError(f"step {i}: use must be one of {DESTROYED_USES}")
+
+
+@dataclass(frozen=True)
+class SoakCase(ExampleCase):
+    """P31 (soak mode): an example dispatched and combined back ``repetitions`` times on the same buffers."""
+
+    repetitions: int = 2
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the case is valid."""
+        super().validate()
+        if self.repetitions < 1:
+            raise ValueError(f"repetitions={self.repetitions} must be at least 1")

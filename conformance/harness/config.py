@@ -22,6 +22,8 @@ class RunConfig:
     #: "isolated" or "recorder" (see ``world.launcher.World``).
     rank_setup: str = "isolated"
     max_examples: int = 25
+    #: Soak mode (``--soak N``): repetitions of each soak example; 0 = off.
+    soak: int = 0
     seed: int | None = None
     #: World restarts after crashes or hangs that one property may spend (a run may spend 4 times as many).
     max_restarts: int = 3

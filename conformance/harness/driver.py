@@ -72,6 +72,14 @@ def run_property(session: Any, prop: Property) -> None:
         finally:
             session.progress(property_id, recorder.examples)
 
+    if prop.configured is not None:  # an option's mode (--soak): its chosen cases, or a skip saying why not
+        cases = prop.configured(config)
+        if isinstance(cases, str):
+            pytest.skip(f"{property_id}: {cases}")
+        for case in cases:
+            check_one(case)
+        return
+
     # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
     # which every property shares here).
     check_one._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
@@ -91,6 +99,10 @@ def run_property(session: Any, prop: Property) -> None:
         body._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
             body._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
 
+    if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
+        from conformance.harness.stateful import stateful_test
+
+        body = stateful_test(session, prop, SUPPRESSED)
     try:
         body()
     except BudgetExhausted as exhausted:

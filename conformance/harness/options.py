@@ -58,6 +58,10 @@ OPTIONS: tuple[Option, ...] = (
            "(hypothesis/, replayed first by the next run) go (default reports)", str, "reports", "DIR"),
     Option("--max-examples", f"Hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES})", int,
            DEFAULT_MAX_EXAMPLES, "N"),
+    Option("--soak", "soak mode: repeat the soak property's chosen examples (large shapes on GPUs: 4096 tokens per "
+           "rank, hidden 7168, top-8 of 256 experts; small ones on CPU) N times, every repetition compared bitwise "
+           "with the first and with the oracle; reports repetitions, rows compared, corrupted rows and the time "
+           "(default 0: off, P31-soak is skipped)", int, 0, "N"),
     Option("--example-timeout", "seconds one example may take on the ranks before they are declared hung "
            "(default 120)", float, 120.0, "S"),
     Option("--max-restarts", "world restarts after crashes or hangs that one property may spend before it is "
@@ -177,6 +181,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     for dest in ("nodes", "ranks_per_node", "max_examples"):
         if v[dest] < 1:
             raise SetupError(f"--{dest.replace('_', '-')} must be at least 1, got {v[dest]}")
+    if v["soak"] < 0:
+        raise SetupError(f"--soak must be 0 (off) or a number of repetitions, got {v['soak']}")
     if v["max_restarts"] < 0:
         raise SetupError(f"--max-restarts must be 0 or more, got {v['max_restarts']}")
     if v["example_timeout"] <= 0:
@@ -304,6 +310,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         gpu_ids=gpu_ids,
         rank_env=rank_env,
         max_examples=v["max_examples"],
+        soak=v["soak"],
         seed=seed,
         max_restarts=v["max_restarts"],
         notes=tuple(notes),

@@ -44,6 +44,25 @@ class CheckContext(Protocol):
     def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 
 
+@dataclass(frozen=True)
+class Stateful:
+    """How the pytest run drives a stateful property (a Hypothesis state machine) instead of drawing whole cases.
+
+    Attributes:
+        machine: ``machine(world_size, run_step, end)`` -> a ``RuleBasedStateMachine`` class whose rules call
+            ``run_step(case, index)`` once per step (the harness runs step ``index`` of ``case`` on the ranks with
+            ``step_task`` and checks it with ``check_step``) and whose teardown calls ``end(case, failed)``.
+        step_task: the ``@rank_task`` making one step; its case is ``(case, index)``.
+        end_task: the ``@rank_task`` ending a sequence on the ranks (its case is the sequence).
+        check_step: ``check_step(ctx, case, index, per_rank_results)``: raises ``AssertionError`` on a violation.
+    """
+
+    machine: Callable[..., Any]
+    step_task: Callable[..., Any]
+    end_task: Callable[..., Any]
+    check_step: Callable[..., None]
+
+
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
     """The property cannot be checked with the selected backends; reported as ``unsupported`` with the reason."""
 
@@ -68,6 +87,10 @@ class Property:
             the property; a selected backend without them is reported ``unsupported`` for it, with the reason.
         runs_when_broken: checked even when a backend's buffer construction is broken (the construction
             preflight fails the other properties at once): the API surface is what explains a broken build.
+        stateful: a stateful property (:class:`Stateful`): the pytest run drives its state machine, one step per
+            rank task; ``strategy`` / ``task`` / ``check`` still take whole cases (replays, the kill matrix).
+        configured: ``configured(run config) -> [case, ...]`` (checked in the pytest run instead of drawn cases) or
+            a string: why the property is skipped in this run (a mode switched on by an option, like ``--soak``).
     """
 
     id: str
@@ -80,6 +103,8 @@ class Property:
     explicit: Callable[[Any], list[Any]] | None = None
     needs: tuple[str, ...] = ()
     runs_when_broken: bool = False
+    stateful: Stateful | None = None
+    configured: Callable[[Any], list[Any] | str] | None = None
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property

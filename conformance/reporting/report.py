@@ -633,6 +633,10 @@ def markdown(document: dict[str, Any]) -> str:
             if p["counterexample"]:
                 lines += ["", f"Counterexample: `{json.dumps(p['counterexample'])}`", "",
                           f"Reproduce: `{p['repro']}`"]
+                calls = p["counterexample"].get("calls") if isinstance(p["counterexample"], dict) else None
+                if calls:  # a call sequence (P30): the shrunk calls, one per line
+                    lines += ["", "The shrunk call sequence (every call on each backend, V1 and V2 side by side):",
+                              "", *[f"    {call}" for call in calls]]
             if p.get("rerun"):
                 lines += ["", f"Run again (the stored counterexample comes first): `{p['rerun']}`"]
         for key, text in p["divergences"].items():

@@ -1,0 +1,90 @@
+"""Runs a stateful property: a Hypothesis state machine in the controller, each step on the persistent world.
+
+One example is one sequence of steps.  Every step is sent to the ranks as its own task (``Stateful.step_task``:
+the ranks keep the sequence's buffers between tasks) and checked at once (``Stateful.check_step``), so a wrong
+result, a rank that raised, crashed or hung is caught at the step that caused it; Hypothesis then shrinks the
+sequence to the shortest one that still fails.  The session's recorder counts sequences as examples (checked,
+held, failed per backend and pair); the failing sequence is the counterexample of the report (its JSON carries
+the readable list of calls) and its reproduction line replays it whole (``Property.task``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hypothesis import settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.stateful import get_state_machine_test
+
+from conformance.properties import Property
+from conformance.world.errors import RankFailure, RankRaised
+
+#: Steps per sequence in the pytest run (Hypothesis' ``stateful_step_count``).
+STEPS_PER_SEQUENCE = 10
+
+
+def sequences_for(max_examples: int) -> int:
+    """Sequences drawn for ``--max-examples N``: a sequence makes up to ten calls, so fewer of them than cases of a
+    single-call property fit the same time (N / 4, at least 4: 6 sequences by default)."""
+    return max(4, max_examples // 4)
+
+
+def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
+    """The Hypothesis test running ``prop``'s state machine against ``session``'s world (call it to run)."""
+    assert prop.stateful is not None
+    stateful = prop.stateful
+    config = session.config
+    recorder = session.recorder
+    task_settings = session.settings_for(prop)
+    state: dict[str, Any] = {"started": 0.0}
+
+    def fail(failure: BaseException, case: Any, budgeted: bool) -> None:
+        tally = recorder.tally
+        tally.failed(session._blame(failure, task_settings.names))
+        session._note_failure(failure)
+        if budgeted:
+            session.budget.charge(failure, case, time.monotonic() - state["started"])
+
+    def run_step(case: Any, index: int) -> None:
+        __tracebackhide__ = True
+        recorder.property_id = prop.id
+        recorder.last_example = case
+        if index == 0:
+            recorder.examples += 1
+            recorder.tally.start(task_settings.names)
+            state["started"] = time.monotonic()
+        try:
+            per_rank = session.world.run(stateful.step_task, task_settings, (case, index),
+                                         timeout=config.example_timeout_s)
+            stateful.check_step(session, case, index, per_rank)
+        except (AssertionError, RankRaised) as failure:
+            fail(failure, case, budgeted=False)
+            raise
+        except RankFailure as failure:  # a crash or hang: the world is rebuilt on the next use
+            fail(failure, case, budgeted=True)
+            raise
+
+    def end(case: Any, failed: bool) -> None:
+        if failed:
+            session.progress(prop.id, recorder.examples)
+            return
+        recorder.distinct.add(case.to_json())
+        recorder.tally.held()
+        session.world.run(stateful.end_task, task_settings, case, timeout=config.example_timeout_s)
+        session.progress(prop.id, recorder.examples)
+
+    machine = stateful.machine(config.world_size, run_step, end)
+    database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
+    if config.seed is not None:
+        machine._hypothesis_internal_use_seed = config.seed  # type: ignore[attr-defined]
+    run = settings(max_examples=sequences_for(config.max_examples), stateful_step_count=STEPS_PER_SEQUENCE,
+                   deadline=None, suppress_health_check=suppressed, database=database)
+    test = get_state_machine_test(machine, settings=run)
+    # One database key per property, world size and mutant (as the other properties).
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
+        f"{prop.id}|world={config.world_size}|mutant={session.mutant}".encode())
+    if config.seed is not None:  # ``@seed`` switches the database off; stored counterexamples still come first
+        test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+            test._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
+    return test

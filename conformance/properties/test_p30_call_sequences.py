@@ -1,0 +1,272 @@
+"""P30 call sequences: one Buffer and one ElasticBuffer driven side by side through a sequence of calls, as a
+training or serving loop drives them: dispatches with fresh routings or reused shapes, cached dispatches through any
+live handle, combines of any dispatch in any order, async calls left in flight and chained by ``previous_event``,
+autograd round trips, ``destroy`` followed by a use, re-creation.
+
+After every step: each completed result equals the oracle for its own inputs (rows byte for byte, per-expert
+counts, combine and gradients byte-exact for integer payloads), the backends agree with each other, a call on a
+destroyed buffer raises the library's exception on every rank (V2's second ``destroy()`` does nothing, as the
+library's), and nothing hangs (the example timeout).  The pytest run drives a Hypothesis state machine, one step
+per task on the persistent world (:mod:`conformance.strategies.sequences`, :mod:`conformance.tasks.sequences`); a
+failure shrinks to the shortest failing sequence and its message lists the calls that reproduce it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from conformance.assertions import (
+    assert_bytes_equal,
+    assert_ints_equal,
+    assert_positive_zero_rows,
+    assert_raised_everywhere,
+    assert_same_values,
+    assert_sum_or_special,
+    hex_row,
+)
+from conformance.core.cases import SequenceCase
+from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload, upstream_combined_grad
+from conformance.core.views import Raised, Unsupported
+from conformance.emulation import _refusals
+from conformance.oracle.counts import expected_aligned_counts
+from conformance.oracle.reduction import (
+    expected_round_trip_bf16,
+    expected_round_trip_sum,
+    owner_rank,
+    reach_counts,
+)
+from conformance.properties import CheckContext, Property, Stateful, register
+from conformance.strategies import sized
+from conformance.strategies.sequences import sequence_cases, sequence_machine
+from conformance.tasks.sequences import run_sequence, sequence_end, sequence_step
+
+#: The refusal-table rows a call on a destroyed buffer raises, per (API, use); ``None``: the call does nothing.
+DESTROYED_ROWS: dict[tuple[str, str], str | None] = {
+    ("v1", "dispatch"): "v1_dispatch_after_destroy",
+    ("v1", "combine"): "v1_combine_after_destroy",
+    ("v1", "destroy"): "v1_destroy_twice",
+    ("v2", "dispatch"): "v2_dispatch_after_destroy",
+    ("v2", "combine"): "v2_combine_after_destroy",
+    ("v2", "destroy"): None,  # deep_ep/buffers/elastic.py:375: `if self.runtime is not None:` (no refusal)
+}
+
+RowKey = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+# ------------------------------------------------------------------------------------------------ the oracle
+
+
+def expected_rows(example: Example, inputs: list[RankInputs], rank: int, payloads: list[torch.Tensor] | None = None
+                  ) -> dict[RowKey, list[tuple[int, int]]]:
+    """The rows ``rank`` must receive, as a multiset: key (x bits, local expert or -1 per slot, weight bits where
+    the slot is local) -> the sources (rank, token) sending that row.  ``payloads`` replaces x (cached dispatch)."""
+    per_rank = example.experts_per_rank
+    out: dict[RowKey, list[tuple[int, int]]] = {}
+    for src, rank_inputs in enumerate(inputs):
+        x = rank_inputs.x if payloads is None else payloads[src]
+        for token, row in enumerate(rank_inputs.topk_idx.tolist()):
+            if rank not in {owner_rank(example, e) for e in row if e >= 0}:
+                continue
+            local = tuple(e - rank * per_rank if e >= 0 and owner_rank(example, e) == rank else -1 for e in row)
+            weights = rank_inputs.topk_weights[token].contiguous().view(torch.int32).tolist()
+            key = (tuple(x[token].contiguous().view(torch.int16).tolist()), local,
+                   tuple(w if i >= 0 else 0 for i, w in zip(local, weights, strict=True)))
+            out.setdefault(key, []).append((src, token))
+    return out
+
+
+def received_rows(x: torch.Tensor, topk_idx: torch.Tensor | None, topk_weights: torch.Tensor | None) -> list[RowKey]:
+    """The received rows as keys of :func:`expected_rows` (weights at -1 slots are masked: V1 writes 0 there and
+    V2 keeps the sender's weight, P4's documented divergence)."""
+    xs = x.contiguous().view(torch.int16).tolist()
+    if topk_idx is None:
+        return [(tuple(r), (), ()) for r in xs]
+    idx, ws = topk_idx.to(torch.int64).tolist(), topk_weights.contiguous().view(torch.int32).tolist()
+    return [(tuple(r), tuple(i), tuple(w if k >= 0 else 0 for k, w in zip(i, wr, strict=True)))
+            for r, i, wr in zip(xs, idx, ws, strict=True)]
+
+
+def _x_only(rows: dict[RowKey, list[tuple[int, int]]]) -> dict[RowKey, list[tuple[int, int]]]:
+    out: dict[RowKey, list[tuple[int, int]]] = {}
+    for (x, _, _), sources in rows.items():
+        out.setdefault((x, (), ()), []).extend(sources)
+    return out
+
+
+def assert_rows(got: list[RowKey], expected: dict[RowKey, list[tuple[int, int]]], *, name: str, rank: int,
+                call: str, against: str = "the oracle") -> None:
+    """The received rows are exactly the expected multiset; the message names the missing sources and the first
+    row nobody sent."""
+    __tracebackhide__ = True
+    got_count = Counter(got)
+    want_count = Counter({key: len(sources) for key, sources in expected.items()})
+    if got_count == want_count:
+        return
+    missing = sorted(src for key, n in (want_count - got_count).items() for src in expected[key][-n:])
+    extra = list((got_count - want_count).elements())
+    first_extra = ""
+    if extra:
+        bits = torch.tensor(extra[0][0], dtype=torch.int16).view(torch.bfloat16)
+        first_extra = (f"; first row that no rank sent: x={hex_row(bits, list(range(min(4, bits.numel()))))}, "
+                       f"local experts {list(extra[0][1])}")
+    raise AssertionError(
+        f"{name}[rank {rank}] has {len(got)} rows, {against} {sum(want_count.values())}: "
+        f"{len(missing)} expected row(s) missing or wrong (sources (rank, token) {missing[:6]}"
+        f"{' ...' if len(missing) > 6 else ''}), {len(extra)} unexpected{first_extra} [{call}]")
+
+
+# ------------------------------------------------------------------------------------------------- the check
+
+
+def _call(case: SequenceCase, index: int, backend: str, rank: int) -> str:
+    return f"step {index} `{case.steps[index].describe(index)}` on {backend}, rank {rank}"
+
+
+def _combined(ctx: CheckContext, example: Example, inputs: list[RankInputs], got: torch.Tensor, rank: int, *,
+              name: str, call: str) -> None:
+    """A round trip with identity experts: x times the number of ranks each token reached (as P6)."""
+    __tracebackhide__ = True
+    expected = expected_round_trip_bf16(example, inputs, rank)
+    unreached = [t for t, n in enumerate(reach_counts(example, inputs, rank)) if n == 0]
+    if got.shape != expected.shape or got.dtype != expected.dtype:
+        raise AssertionError(f"{name}[rank {rank}] has shape {tuple(got.shape)} {got.dtype}, expected "
+                             f"{tuple(expected.shape)} bfloat16 [{call}]")
+    assert_positive_zero_rows(got, unreached, name=name, rank=rank, call=call)
+    if example.payload == "integers":
+        assert_bytes_equal(got, expected, name=name, rank=rank, call=call)
+    elif ctx.shape.nodes == 1:
+        assert_same_values(got, expected, name=name, rank=rank, call=call)
+    else:
+        assert_sum_or_special(got, expected_round_trip_sum(example, inputs, rank, ctx.shape.ranks_per_node),
+                              expected, two_level=True, name=name, rank=rank, call=call)
+
+
+def check_result(ctx: CheckContext, case: SequenceCase, index: int, backend: str, rank: int, result: Any) -> None:
+    """One backend's result of step ``index`` on ``rank`` against the oracle (``index`` names the call whose
+    outputs ``result`` holds: the step itself, or the async step a ``wait`` read)."""
+    __tracebackhide__ = True
+    step = case.steps[index]
+    call = _call(case, index, backend, rank)
+    if step.op in ("create", "destroy"):
+        if result is not None:
+            raise AssertionError(f"unexpected result {result!r} [{call}]")
+        return
+    if step.op == "use_destroyed":
+        return  # judged on every rank at once (check_step)
+    if isinstance(result, dict) and "pending" in result:
+        return  # still in flight: read and checked by its wait
+    if step.op == "wait":
+        check_result(ctx, case, step.ref, backend, rank, result)
+        return
+    dispatch = case.steps[step.ref] if step.op in ("cached", "combine") else step
+    example = dispatch.example
+    assert example is not None
+    inputs = build_all_inputs(example)
+    if step.op == "dispatch":
+        assert_rows(received_rows(result["x"], result["topk_idx"], result["topk_weights"]),
+                    expected_rows(example, inputs, rank), name="received rows (recv_x, recv_topk_idx, weights)",
+                    rank=rank, call=call)
+        assert_ints_equal(f"num_recv_tokens_per_expert_list[rank {rank}]", result["counts"],
+                          expected_aligned_counts(example, inputs, rank), call=call)
+    elif step.op == "cached":
+        payloads = [second_payload(example, src) for src in range(example.world_size)]
+        assert_rows(received_rows(result["x"], None, None), _x_only(expected_rows(example, inputs, rank, payloads)),
+                    name=f"recv_x of the cached dispatch through s{step.ref}.handle", rank=rank, call=call)
+    elif step.op == "combine":
+        _combined(ctx, example, inputs, result["x"], rank, name="combined_x", call=call)
+    elif step.op == "grad":
+        _combined(ctx, example, inputs, result["combined"], rank, name="combined_x (forward)", call=call)
+        grads = [RankInputs(upstream_combined_grad(example, r), inputs[r].topk_idx, inputs[r].topk_weights)
+                 for r in range(example.world_size)]
+        _combined(ctx, example, grads, result["grad_x"], rank, name="x.grad (backward: cached dispatch, then combine)",
+                  call=call)
+
+
+def _agree(case: SequenceCase, index: int, rank: int, first: tuple[str, Any], other: tuple[str, Any]) -> None:
+    """Two backends read the same rows (as multisets) and the same combined bytes for one step."""
+    __tracebackhide__ = True
+    (name_a, a), (name_b, b) = first, other
+    if not isinstance(a, dict) or not isinstance(b, dict) or "pending" in a or "pending" in b:
+        return
+    call = _call(case, index, name_b, rank) + f", against {name_a}"
+    if "counts" in a:
+        if Counter(received_rows(a["x"], a["topk_idx"], a["topk_weights"])) != Counter(
+                received_rows(b["x"], b["topk_idx"], b["topk_weights"])):
+            raise AssertionError(f"received rows[rank {rank}] differ between {name_a} and {name_b} [{call}]")
+        assert_ints_equal(f"num_recv_tokens_per_expert_list[rank {rank}]", b["counts"], a["counts"], call=call,
+                          why=name_a)
+    elif a.get("kind") == "cached":
+        if Counter(received_rows(a["x"], None, None)) != Counter(received_rows(b["x"], None, None)):
+            raise AssertionError(f"cached recv_x rows[rank {rank}] differ between {name_a} and {name_b} [{call}]")
+    else:
+        for field in ("x", "combined", "grad_x"):
+            if field in a and field in b:
+                assert_same_values(b[field], a[field], name=field, rank=rank, call=call, against=name_a)
+
+
+def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list[dict[str, Any]]) -> None:
+    """Step ``index`` of ``case``: every backend's result on every rank against the oracle, then pairwise."""
+    __tracebackhide__ = True
+    step = case.steps[index]
+    try:
+        backends = list(per_rank[0]) if per_rank else []
+        for backend in backends:
+            ctx.checking((backend,))
+            results = [ranks[backend] for ranks in per_rank]
+            if step.op == "use_destroyed":
+                _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results])
+                continue
+            for rank, result in enumerate(results):
+                if isinstance(result, Unsupported):
+                    ctx.record_unsupported(result, case)
+                    continue
+                check_result(ctx, case, index, backend, rank, result)
+        for first, other in zip(backends, backends[1:], strict=False):
+            ctx.checking((first, other))
+            for rank, ranks in enumerate(per_rank):
+                _agree(case, index, rank, (first, ranks[first]), (other, ranks[other]))
+        ctx.checking(None)
+    except AssertionError as failure:
+        listing = "\n".join(f"  {line}" for line in case.calls()[: index + 1])
+        failure.args = (f"{failure.args[0]}\nthe call sequence (steps 0..{index}, shrunk by Hypothesis), on every "
+                        f"backend side by side:\n{listing}",) + failure.args[1:]
+        raise
+
+
+def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, results: list[Raised]) -> None:
+    """A call on a destroyed buffer raises the refusal table's exception on every rank (or does nothing, V2's
+    second destroy), never crashes or hangs."""
+    __tracebackhide__ = True
+    step = case.steps[index]
+    row = DESTROYED_ROWS[(api, step.use)]
+    call = f"step {index} `{step.describe(index)}` on {backend}"
+    if row is None:
+        raised = [r for r in results if r.type is not None]
+        if raised:
+            raise AssertionError(f"{raised[0]} on a destroyed buffer's destroy(); the library returns (its runtime is "
+                                 f"None: elastic.py:375) [{call}]")
+        return
+    table = _refusals.rows()[row]
+    assert_raised_everywhere(results, call=call + f" (refusal-table row {row})", expected_type=table["exception"],
+                             message_pattern=_refusals.message_pattern(row))
+
+
+def check(ctx: CheckContext, case: SequenceCase, per_rank: list[list[dict[str, Any]]]) -> None:
+    """A whole sequence run at once (``run_sequence``: replays and the kill matrix): every step, in order."""
+    __tracebackhide__ = True
+    for index in range(len(case.steps)):
+        check_step(ctx, case, index, [steps[index] for steps in per_rank])
+
+
+PROPERTY = register(Property(
+    id="P30-call-sequences",
+    title="call sequences on live V1 and V2 buffers (dispatch, cached, combine in any order, async in flight with "
+          "previous_event, autograd, destroy then use, re-create): every result equals the oracle, the APIs agree",
+    strategy=sized(sequence_cases), task=run_sequence, check=check, case_type=SequenceCase,
+    needs=("combine", "cached_dispatch", "events", "bad_input"),
+    stateful=Stateful(machine=sequence_machine, step_task=sequence_step, end_task=sequence_end, check_step=check_step),
+))
+test_call_sequences = PROPERTY.test
