@@ -42,7 +42,8 @@ def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_r
     num_scales = hidden // 128
     dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
     combine_msg = num_scales * 4 + hidden * 2
-    send = max(num_max_dispatch_tokens_per_rank * dispatch_msg, num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
+    tokens = num_max_dispatch_tokens_per_rank
+    send = max(tokens * dispatch_msg, num_experts * tokens * combine_msg)
     recv = max(num_experts * num_max_dispatch_tokens_per_rank * dispatch_msg,
                num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
     signalling = -(-num_experts * 4 // 128) * 128

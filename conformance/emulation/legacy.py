@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from . import _checks, _comm, _exchange, _route, _sizing
+from ._checks import INT_MAX
 from ._low_latency import LowLatencyMixin
 from ._low_latency import rdma_size_hint as ll_rdma_size_hint
-from ._checks import INT_MAX
 from ._refusals import check, refuse
 from ._topology import get_topology
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
@@ -151,8 +151,9 @@ class Buffer(LowLatencyMixin):
     """Pure-PyTorch model of ``deep_ep.Buffer`` running over any ``torch.distributed`` process group.
 
     Arguments mirror the real constructor.  Buffer sizes are checked like the real library does (the real
-    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  Low-latency kernels are not
-    emulated by ``LowLatencyMixin`` (``_low_latency.py``).  Every refusal shared with the library is raised from the refusal table (``refusals.toml``).
+    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  The low-latency calls
+    come from ``LowLatencyMixin`` (``_low_latency.py``).  Every refusal shared with the library is raised from the
+    refusal table (``refusals.toml``).
     """
 
     num_sms: int = 20
