@@ -152,7 +152,7 @@ class ElasticAdapter(AdapterBase):
         num_valid = int(handle.psum_num_recv_tokens_per_scaleup_rank[-1])
         source = handle.recv_src_metadata[:num_valid, 0].to(torch.int64).cpu()
         stride = handle.num_max_tokens_per_rank
-        return {"x": recv_x.cpu(), "scales": recv_scales.cpu().contiguous(),
+        return {"x": recv_x.cpu().view(torch.uint8), "scales": recv_scales.cpu().contiguous(),
                 "scales_stride": tuple(recv_scales.stride()),
                 "topk_idx": recv_idx.cpu(), "src_rank": source // stride, "src_token": source % stride,
                 "counts": list(handle.num_recv_tokens_per_expert_list), "num_valid": num_valid,

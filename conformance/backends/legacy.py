@@ -156,7 +156,8 @@ class LegacyAdapter(AdapterBase):
             from conformance.backends.contract import NotSupported
 
             raise NotSupported("the internode V1 handle does not name source tokens of FP8 rows")
-        return {"x": recv_x.cpu(), "scales": recv_scales.cpu(), "scales_stride": tuple(recv_scales.stride()),
+        return {"x": recv_x.cpu().view(torch.uint8), "scales": recv_scales.cpu(),
+                "scales_stride": tuple(recv_scales.stride()),
                 "topk_idx": recv_idx.cpu(), "src_rank": src_rank, "src_token": src_token, "counts": list(counts),
                 "num_valid": int(src_rank.numel())}
 

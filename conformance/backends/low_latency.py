@@ -65,7 +65,7 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
         dispatches.append({
             "call": describe(example, rank, use_fp8, round_scale, use_ue8m0, hook_on),
             "options": (use_fp8, round_scale, use_ue8m0, hook_on), "hook_is_none": hook is None,
-            "x": x.cpu(), "scales": None if scales is None else scales.cpu().contiguous(),
+            "x": _bytes(x), "x_dtype": str(x.dtype), "scales": None if scales is None else scales.cpu().contiguous(),
             "scales_stride": None if scales is None else tuple(scales.stride()),
             "scales_dtype": None if scales is None else str(scales.dtype),
             "recv_count": recv_count.cpu(), "src_info": handle[0].cpu(), "layout_range": handle[1].cpu(),
@@ -89,3 +89,10 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     return {"dispatches": dispatches, "stats": stats.cpu(), "combines": combines, "world_size": world_size,
             "combine_call": f"Buffer.low_latency_combine(recv_x of the bf16 dispatch, topk_idx, topk_weights, "
                             f"handle) on rank {rank}"}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy that crosses process boundaries: float8 tensors travel as their uint8 bytes (torch cannot
+    unpickle float8 storages)."""
+    t = t.cpu()
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t

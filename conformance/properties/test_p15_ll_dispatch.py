@@ -31,9 +31,9 @@ def check_dispatch(run: dict[str, Any], example: Example, inputs: list, rank: in
     call = run["call"]
     expected = expert_rows(example, inputs, rank)
     num_local, rows_per_expert = example.experts_per_rank, example.world_size * example.num_max_tokens_per_rank
-    dtype = torch.float8_e4m3fn if use_fp8 else torch.bfloat16
-    if tuple(run["x"].shape) != (num_local, rows_per_expert, example.hidden) or run["x"].dtype != dtype:
-        raise _fail("recv_x shape/dtype", (tuple(run["x"].shape), run["x"].dtype),
+    dtype = "torch.float8_e4m3fn" if use_fp8 else "torch.bfloat16"
+    if tuple(run["x"].shape) != (num_local, rows_per_expert, example.hidden) or run["x_dtype"] != dtype:
+        raise _fail("recv_x shape/dtype", (tuple(run["x"].shape), run["x_dtype"]),
                     ((num_local, rows_per_expert, example.hidden), dtype), call)
     num_scales = example.hidden // 128
     if use_fp8:
@@ -70,7 +70,7 @@ def check_dispatch(run: dict[str, Any], example: Example, inputs: list, rank: in
                                 "the source rows byte for byte", call)
                 continue
             codes, scale_inv = quantize(source, round_scale)
-            got_codes = rows.view(torch.uint8)
+            got_codes = rows  # the E4M3 bytes (travelled as uint8)
             scales = run["scales"][e, begin:begin + n][order]
             if use_ue8m0:
                 got_bytes = torch.stack([(scales >> (8 * j)) & 0xFF for j in range(4)], dim=-1).reshape(n, -1)
