@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from conformance.emulation import _low_latency
+from conformance.emulation._low_latency import LowLatencyMixin
 from conformance.emulation.legacy import Buffer
 from conformance.mutants.patching import wrap_method
 from conformance.mutants.registry import register
@@ -60,7 +61,7 @@ def ll_recv_count_off_by_one() -> Iterator[None]:
             out[1][0] += 1
         return out[:4] + (late,)
 
-    with wrap_method(Buffer, "low_latency_dispatch", after):
+    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
 
 
@@ -74,7 +75,7 @@ def ll_hook_before_data() -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         for name in ("low_latency_dispatch", "low_latency_combine"):
-            stack.enter_context(wrap_method(Buffer, name, after))
+            stack.enter_context(wrap_method(LowLatencyMixin, name, after))
         yield
 
 
@@ -100,7 +101,7 @@ def ll_stats_not_accumulated() -> Iterator[None]:
             land()
         return out[:4] + (late,)
 
-    with wrap_method(Buffer, "low_latency_dispatch", after):
+    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
 
 
@@ -150,5 +151,5 @@ def ll_reverse_source_order() -> Iterator[None]:
             reorder()
         return recv_x, recv_count, handle, event, late
 
-    with wrap_method(Buffer, "low_latency_dispatch", after):
+    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
