@@ -10,7 +10,6 @@ keeps the 8 exponent bits of ``scale_inv``.
 
 from __future__ import annotations
 
-import math
 from functools import cache
 
 import torch
@@ -48,11 +47,6 @@ def _fl32(values: torch.Tensor) -> torch.Tensor:
     return values.to(torch.float32).to(torch.float64)
 
 
-def _log2_ceil(value: float) -> int:
-    mantissa, exponent = math.frexp(value)  # value = mantissa * 2^exponent, mantissa in [0.5, 1)
-    return exponent - 1 if mantissa == 0.5 else exponent
-
-
 def quantize(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes uint8 [n, hidden], scale_inv float32 [n, hidden // 128])`` of bf16 rows ``x`` (see the module)."""
     n, hidden = x.shape
@@ -62,8 +56,8 @@ def quantize(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Te
     amax = torch.maximum(blocks.abs().amax(dim=-1), margin)
     scale_inv = _fl32(amax * inv448)
     if round_scale:
-        exponents = torch.tensor([[_log2_ceil(float(v)) for v in row] for row in scale_inv.tolist()],
-                                 dtype=torch.float64).reshape(scale_inv.shape)
+        mantissa, exponent = torch.frexp(scale_inv)  # scale_inv = mantissa * 2^exponent, mantissa in [0.5, 1)
+        exponents = torch.where(mantissa == 0.5, exponent - 1, exponent).to(torch.float64)
         scale_inv, scale = torch.exp2(exponents), torch.exp2(-exponents)
     else:
         scale = _fl32(E4M3_MAX / amax)
@@ -73,9 +67,8 @@ def quantize(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Te
 
 def ue8m0(scale_inv: torch.Tensor) -> torch.Tensor:
     """The UE8M0 byte of each (power-of-two) float32 scale: its biased exponent."""
-    exponents = torch.tensor([math.frexp(float(v))[1] - 1 + 127 for v in scale_inv.flatten().tolist()],
-                             dtype=torch.int64)
-    return exponents.reshape(scale_inv.shape)
+    _, exponent = torch.frexp(scale_inv.to(torch.float64))
+    return (exponent.to(torch.int64) - 1 + 127).reshape(scale_inv.shape)
 
 
 def expert_rows(example: Example, inputs: list[RankInputs], rank: int) -> dict[int, dict[int, list[int]]]:
