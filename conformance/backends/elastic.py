@@ -145,3 +145,23 @@ class ElasticAdapter(AdapterBase):
     def describe_combine(self, example: Example, rank: int) -> str:
         """The combine call, as failure messages show it."""
         return f"ElasticBuffer.combine(x, handle, topk_weights, num_sms=0, hidden={example.hidden}) on rank {rank}"
+
+    # ------------------------------------------------------------------------------------------------ FP8
+    def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
+                     col_major: bool = False, do_cpu_sync: bool = True) -> dict[str, Any]:
+        """``ElasticBuffer.dispatch((x, scales), ..., use_tma_aligned_col_major_sf=col_major,
+        do_cpu_sync=do_cpu_sync)`` (capability ``fp8``; ``do_cpu_sync=False``: capability ``worst_case``); CPU
+        copies of the received rows, scales (and their strides), source ids, counts and valid-row count."""
+        buffer = self.buffer(example)
+        (recv_x, recv_scales), recv_idx, recv_w, handle, _ = buffer.dispatch(
+            (x, scales), topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
+            num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
+            use_tma_aligned_col_major_sf=col_major, do_cpu_sync=do_cpu_sync)
+        num_valid = int(handle.psum_num_recv_tokens_per_scaleup_rank[-1])
+        source = handle.recv_src_metadata[:num_valid, 0].to(torch.int64).cpu()
+        stride = handle.num_max_tokens_per_rank
+        return {"x": recv_x.cpu().view(torch.uint8), "scales": recv_scales.cpu().contiguous(),
+                "scales_stride": tuple(recv_scales.stride()),
+                "topk_idx": recv_idx.cpu(), "src_rank": source // stride, "src_token": source % stride,
+                "counts": list(handle.num_recv_tokens_per_expert_list), "num_valid": num_valid,
+                "num_recv_tokens": int(handle.num_recv_tokens), "metadata_rows": int(handle.recv_src_metadata.shape[0])}

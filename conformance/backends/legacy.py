@@ -40,7 +40,8 @@ class LegacyAdapter(AdapterBase):
         return self._buffer
 
     def destroy(self) -> None:
-        """Release the buffer (before the process group goes away)."""
+        """Release the buffers (before the process group goes away)."""
+        self.destroy_low_latency()
         if self._buffer is not None:
             self._buffer.destroy()
             self._buffer = None
@@ -131,3 +132,42 @@ class LegacyAdapter(AdapterBase):
     def describe_combine(self, example: Example, rank: int) -> str:
         """The combine call, as failure messages show it."""
         return f"Buffer.combine(x, handle, topk_weights, hidden={example.hidden}) on rank {rank}"
+
+    # ------------------------------------------------------------------------------------ low latency, FP8
+    def low_latency(self, inputs: RankInputs, example: Example, rank: int, world_size: int) -> dict[str, Any]:
+        """Every low-latency call of one example (capability ``low_latency``; see
+        :mod:`conformance.backends.low_latency`)."""
+        from conformance.backends import low_latency
+
+        return low_latency.run(self, inputs, example, rank, world_size)
+
+    def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
+                     num_worst_tokens: int = 0) -> dict[str, Any]:
+        """``Buffer.dispatch((x, scales), ...)`` (capability ``fp8``; ``num_worst_tokens``: capability
+        ``worst_case``); CPU copies of the received rows, scales, source ids and counts."""
+        buffer = self.buffer
+        num_per_rank, num_per_rdma, num_per_expert, in_rank, _ = buffer.get_dispatch_layout(
+            inputs.topk_idx, example.num_experts)
+        (recv_x, recv_scales), recv_idx, recv_w, counts, handle, _ = buffer.dispatch(
+            (x, scales), num_tokens_per_rank=num_per_rank, num_tokens_per_rdma_rank=num_per_rdma,
+            is_token_in_rank=in_rank, num_tokens_per_expert=num_per_expert, topk_idx=inputs.topk_idx,
+            topk_weights=inputs.topk_weights, expert_alignment=example.expert_alignment,
+            num_worst_tokens=num_worst_tokens)
+        if len(handle) == 6:
+            prefix = handle[0][:, self.group.rank()].to(torch.int64).cpu()
+            per_src = torch.diff(prefix, prepend=prefix.new_zeros(1))
+            src_rank = torch.repeat_interleave(torch.arange(per_src.numel()), per_src)
+            src_token = handle[3].to(torch.int64).cpu()[: src_rank.numel()]
+        else:
+            from conformance.backends.contract import NotSupported
+
+            raise NotSupported("the internode V1 handle does not name source tokens of FP8 rows")
+        return {"x": recv_x.cpu().view(torch.uint8), "scales": recv_scales.cpu(),
+                "scales_stride": tuple(recv_scales.stride()),
+                "topk_idx": recv_idx.cpu(), "src_rank": src_rank, "src_token": src_token, "counts": list(counts),
+                "num_valid": int(src_rank.numel())}
+
+    def destroy_low_latency(self) -> None:
+        from conformance.backends import low_latency
+
+        low_latency.destroy_ll(self)

@@ -155,6 +155,19 @@ class PluginBackend:
         if capability not in self.capabilities:
             raise NotSupported(f"{self.spec.name} does not declare the capability '{capability}' ({what})")
 
+    def low_latency(self, inputs: RankInputs, example: Example, rank: int, world_size: int) -> dict[str, Any]:
+        """Capability ``low_latency``: override with the calls of ``conformance.backends.low_latency.run`` (same
+        result layout) to opt in."""
+        self._require("low_latency", "low_latency_dispatch / low_latency_combine")
+        raise NotSupported(f"{self.spec.name} declares 'low_latency' but does not override PluginBackend.low_latency")
+
+    def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
+                     **options: Any) -> dict[str, Any]:
+        """Capabilities ``fp8`` / ``worst_case``: override (result layout of the built-in adapters' ``fp8_dispatch``)
+        to opt in."""
+        self._require("fp8", "dispatch of (x, scales) tuples")
+        raise NotSupported(f"{self.spec.name} declares 'fp8' but does not override PluginBackend.fp8_dispatch")
+
     def describe_dispatch(self, example: Example, rank: int, options: DispatchOptions = DispatchOptions()) -> str:
         """The call, as failure messages show it."""
         t = example.tokens_per_rank[rank]

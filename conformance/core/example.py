@@ -225,3 +225,14 @@ def upstream_combined_grad(example: Example, rank: int) -> torch.Tensor:
     """The upstream gradient of ``combined_x`` on ``rank`` (bf16 ``[tokens, hidden]``)."""
     shape = (example.tokens_per_rank[rank], example.hidden)
     return _values(example, shape, torch.bfloat16, _extra_generator(example, 404, rank))
+
+
+def fp8_payload(example: Example, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 ``(x, scales)`` pair ``rank`` dispatches in normal mode: every E4M3 byte pattern (NaN codes
+    included: dispatch moves bytes), float32 scales ``[tokens, max(hidden // 128, 1)]`` distinct per token."""
+    tokens = example.tokens_per_rank[rank]
+    gen = _extra_generator(example, 211, rank)
+    x = torch.randint(0, 256, (tokens, example.hidden), generator=gen, dtype=torch.int64).to(torch.uint8)
+    scales = torch.rand(tokens, max(example.hidden // 128, 1), generator=gen) + 0.5
+    scales += torch.arange(tokens, dtype=torch.float32).unsqueeze(1) * 1024  # a token's scales name the token
+    return x.view(torch.float8_e4m3fn), scales

@@ -37,6 +37,10 @@ CAPABILITIES: dict[str, str] = {
     "qp_cap": "V2 QP budget, SM reuse and the pinned num_max_tokens_per_rank (P11)",
     "bad_input": "bad calls made on the library's buffer directly: refused on every rank, buffer still usable (P12)",
     "api_surface": "the deep_ep module's own API surface against the snapshot (P14)",
+    "fp8": "dispatch of (float8_e4m3fn x, float32 scales) tuples: bytes and scale rows move with their token (P18)",
+    "worst_case": "host-sync-free dispatch: V1 num_worst_tokens, V2 do_cpu_sync=False worst-case shapes (P19)",
+    "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, receive "
+                   "hooks, statistics (P15, P16, P17)",
 }
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
 BUILTIN_ONLY = frozenset({"qp_cap", "bad_input", "api_surface"})
@@ -46,8 +50,8 @@ _COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_align
                      "autograd", "events", "layout", "bad_input", "api_surface"})
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
-    "v1": _COMMON,
-    "v2": _COMMON | {"expand", "deterministic", "qp_cap"},
+    "v1": _COMMON | {"fp8", "worst_case", "low_latency"},
+    "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case"},
 }
 #: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
 DEEP_EP_KINDS = ("real", "emulation")

@@ -52,6 +52,31 @@ def _event_arguments_ok(*events: object) -> bool:
     return all(e is None or isinstance(e, EventHandle) for e in events)
 
 
+def _worst_expanded(num_ranks: int, num_max: int, num_topk: int, num_local: int, alignment: int) -> int:
+    """The expanded rows a dispatch without CPU sync allocates (csrc/elastic/buffer.hpp:1064-1067)."""
+    rows = num_ranks * num_max * min(num_topk, num_local) + (alignment - 1) * num_local
+    return -(-rows // alignment) * alignment
+
+
+def _worst_case(plan: dict, num_recv_tokens: int, num_expanded_tokens: int, do_expand: bool) -> None:
+    """Pad the received tensors to the rows the library allocates without a CPU sync (or from a cached handle):
+    the valid rows first (``psum_num_recv_tokens_per_scaleup_rank[-1]`` of them), then rows the library leaves
+    uninitialised: the emulation writes zeros to payloads and weights, -1 to top-k indices and metadata (see
+    DIVERGENCES.md).  ``num_recv_tokens_per_expert_list`` is empty (the counts were never read on the host)."""
+    rows = num_expanded_tokens if do_expand else num_recv_tokens
+
+    def pad(t: torch.Tensor | None, target: int, value: float) -> torch.Tensor | None:
+        if t is None or t.shape[0] >= target:
+            return t
+        tail = torch.full((target - t.shape[0],) + tuple(t.shape[1:]), value, dtype=t.dtype, device=t.device)
+        return torch.cat([t, tail])
+
+    for name, value in (("recv_x", 0), ("recv_sf", 0), ("recv_topk_weights", 0), ("recv_topk_idx", -1)):
+        plan[name] = pad(plan[name], rows, value)
+    plan["metadata"] = pad(plan["metadata"], num_recv_tokens, -1)
+    plan["num_recv_tokens"], plan["num_expanded_tokens"], plan["aligned"] = num_recv_tokens, num_expanded_tokens, []
+
+
 class EPHandle:
     """Communication handle returned by ``ElasticBuffer.dispatch`` (same attributes as the real one)."""
 
@@ -342,6 +367,19 @@ class ElasticBuffer:
             expert_alignment,
             do_expand,
         )
+        if not cached and do_cpu_sync is not None and not do_cpu_sync:
+            _worst_case(plan, self.num_ranks * num_max_tokens_per_rank, _worst_expanded(
+                self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], num_experts // self.num_ranks,
+                expert_alignment), do_expand)
+        elif cached:
+            _worst_case(plan, handle.num_recv_tokens, handle.num_expanded_tokens, do_expand)
+            plan["aligned"] = handle.num_recv_tokens_per_expert_list
+        if sf is not None and use_tma_aligned_col_major_sf:  # buffer.hpp:1091-1098: stride (1, align(rows, 4))
+            rows = plan["recv_sf"].shape[0]
+            col_major = torch.empty_strided(tuple(plan["recv_sf"].shape), (1, -(-rows // 4) * 4 if rows else 1),
+                                            dtype=plan["recv_sf"].dtype, device=plan["recv_sf"].device)
+            col_major.copy_(plan["recv_sf"])
+            plan["recv_sf"] = col_major
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += torch.tensor(
                 plan["raw"],

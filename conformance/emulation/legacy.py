@@ -6,11 +6,15 @@ stay side by side to be compared with ``deep_ep/buffers/legacy.py``.)
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
 from . import _checks, _comm, _exchange, _route, _sizing
 from ._checks import INT_MAX
+from ._low_latency import LowLatencyMixin
+from ._low_latency import rdma_size_hint as ll_rdma_size_hint
 from ._refusals import check, refuse
 from ._topology import get_topology
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
@@ -159,12 +163,13 @@ class _Runtime:
         return self._rdma_rank
 
 
-class Buffer:
+class Buffer(LowLatencyMixin):
     """Pure-PyTorch model of ``deep_ep.Buffer`` running over any ``torch.distributed`` process group.
 
     Arguments mirror the real constructor.  Buffer sizes are checked like the real library does (the real
-    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  Low-latency kernels are not
-    emulated.  Every refusal shared with the library is raised from the refusal table (``refusals.toml``).
+    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  The low-latency calls
+    come from ``LowLatencyMixin`` (``_low_latency.py``).  Every refusal shared with the library is raised from the
+    refusal table (``refusals.toml``).
     """
 
     num_sms: int = 20
@@ -214,6 +219,8 @@ class Buffer:
             check(self._topo.num_nodes > 1 or low_latency_mode, "v1_init_rdma_bytes_single_node")
         if self._topo.num_nodes > 1 or low_latency_mode:  # after the device-id / IPC-handle all-gathers
             check(num_qps_per_rank > 0, "v1_init_qps_per_rank")
+            # deep_ep/buffers/legacy.py:113: the QP depth the low-latency calls check their token count against
+            self.nvshmem_qp_depth = int(os.environ.get("NVSHMEM_QP_DEPTH", "1024"))
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -276,10 +283,8 @@ class Buffer:
     def get_low_latency_rdma_size_hint(
         num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int
     ) -> int:
-        """Approximate low-latency RDMA buffer size (not byte-exact with the real hint)."""
-        per_msg = hidden * 2 + 16 + hidden // 128 * 4
-        num_bytes = 2 * num_experts * num_max_dispatch_tokens_per_rank * per_msg * 2
-        return _route.align_up(num_bytes, 128)
+        """The low-latency RDMA buffer size the library asks for (``LowLatencyLayout``, byte-exact)."""
+        return ll_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
     def get_comm_stream(self) -> torch.Stream | None:
         """The emulation runs on the current stream; returns it on CUDA, ``None`` on CPU."""
@@ -1163,11 +1168,3 @@ class Buffer:
         check(rdma_send >= warps_per_forwarder, "v1_internode_combine_rdma_send_min")
         check(x.dtype == torch.bfloat16, "v1_internode_combine_x_dtype")
 
-    # ------------------------------------------------------------------------------------- low latency
-    def clean_low_latency_buffer(self, *args: object, **kwargs: object) -> None:
-        """Not emulated (see DIVERGENCES.md)."""
-        raise NotImplementedError("deep_ep emulation: low-latency kernels are not emulated")
-
-    low_latency_dispatch = clean_low_latency_buffer
-    low_latency_combine = clean_low_latency_buffer
-    get_next_low_latency_combine_buffer = clean_low_latency_buffer

@@ -1,0 +1,447 @@
+"""The legacy low-latency (IBGDA) kernels: per-128-channel FP8 cast, UE8M0 packing, LogFMT-10, buffer layout.
+
+Followed from DeepEP 2.1.0 ``csrc/kernels/legacy/internode_ll.cu`` (dispatch send phase: the FP8 cast; receive
+phase: the per-expert packing and the column-major scales), ``csrc/kernels/legacy/utils.cuh``
+(``calculate_fp8_scales``, ``fast_log2_ceil``, ``extract_required_scale_format``) and ``csrc/legacy/config.hpp``
+(``LowLatencyLayout``).  Pure functions of tensors; the ``Buffer`` methods (``legacy.py``) do the exchange.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import _checks, _comm, _exchange, _refusals, _sizing
+from ._refusals import check, refuse
+from .utils.event import EventHandle, EventOverlap
+
+#: ``SWITCH_HIDDEN`` of the low-latency launchers (internode_ll.cu:552 and :1236).
+SUPPORTED_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
+#: ``kNumMaxTopK`` of the low-latency kernels (internode_ll.cu:501 and :1179).
+NUM_MAX_TOPK = 11
+#: ``kFP8Margin``, ``kFinfoAmaxE4M3`` (utils.cuh:477-479).
+FP8_MARGIN = 1e-4
+E4M3_MAX = 448.0
+#: Channels per FP8 scale; scales per packed UE8M0 int32.
+CHANNELS_PER_SCALE = 128
+UE8M0_PER_PACK = 4
+#: LogFMT-10 constants (internode_ll.cu:559-562): log threshold, min clip, magnitude values.
+LOGFMT_THRESHOLD = 0.0
+LOGFMT_MIN_CLIP = 32.0
+LOGFMT_VALUES = 1 << 9
+#: ``LEGACY_NUM_BUFFER_ALIGNMENT_BYTES``.
+ALIGNMENT = 128
+
+
+def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+    """``LowLatencyLayout::total_bytes`` (csrc/legacy/config.hpp:131-166): two send, two receive and two
+    signalling buffers."""
+    del num_ranks  # the layout does not depend on it
+    num_scales = hidden // 128
+    dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
+    combine_msg = num_scales * 4 + hidden * 2
+    tokens = num_max_dispatch_tokens_per_rank
+    send = max(tokens * dispatch_msg, num_experts * tokens * combine_msg)
+    recv = max(num_experts * num_max_dispatch_tokens_per_rank * dispatch_msg,
+               num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
+    signalling = -(-num_experts * 4 // 128) * 128
+    return send * 2 + recv * 2 + signalling * 2
+
+
+def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+    """``get_low_latency_rdma_size_hint`` (config.hpp:185-188): the total, rounded up past the next 128."""
+    total = layout_total_bytes(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+    return (total + ALIGNMENT) // ALIGNMENT * ALIGNMENT
+
+
+def _log2_ceil(value: torch.Tensor) -> torch.Tensor:
+    """``fast_log2_ceil`` on float32 bits: exponent - 127, plus one if any mantissa bit is set."""
+    bits = value.to(torch.float32).view(torch.int32)
+    exponent = (bits >> 23) & 0xFF
+    return exponent - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+
+
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """``fast_pow2``: the float32 whose exponent field is ``exponent + 127``."""
+    return ((exponent.to(torch.int32) + 127) << 23).view(torch.float32)
+
+
+def fp8_cast(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dispatch send phase's cast of bf16 ``x [n, hidden]``: ``(float8_e4m3fn [n, hidden], scale_inv float32
+    [n, hidden // 128])``, per 128 channels: ``amax = max(1e-4, max |x|)``; ``scale_inv = amax * (1/448)`` and
+    ``scale = 448 / amax``, or with ``round_scale`` both powers of two (``2^ceil(log2(amax / 448))``); each value
+    ``x * scale`` rounded to nearest-even E4M3, saturated to +-448 (``__NV_SATFINITE``)."""
+    n, hidden = x.shape
+    values = x.to(torch.float32).reshape(n, hidden // CHANNELS_PER_SCALE, CHANNELS_PER_SCALE)
+    amax = torch.clamp_min(values.abs().amax(dim=-1), FP8_MARGIN)  # fmaxf(kFP8Margin, ...)
+    inv_max = torch.tensor(1 / E4M3_MAX, dtype=torch.float32)
+    if round_scale:
+        exponent = _log2_ceil(amax * inv_max)
+        scale, scale_inv = _pow2(-exponent), _pow2(exponent)
+    else:
+        scale_inv = amax * inv_max
+        scale = torch.tensor(E4M3_MAX, dtype=torch.float32) / amax
+    scaled = torch.clamp(values * scale.unsqueeze(-1), -E4M3_MAX, E4M3_MAX)
+    return scaled.to(torch.float8_e4m3fn).reshape(n, hidden), scale_inv
+
+
+def ue8m0_bytes(scale_inv: torch.Tensor) -> torch.Tensor:
+    """``extract_required_scale_format<true>``: bits 23..30 of each float32 scale, as uint8."""
+    return ((scale_inv.to(torch.float32).view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
+
+
+def pack_ue8m0(exponents: torch.Tensor) -> torch.Tensor:
+    """Four UE8M0 bytes per int32, scale ``4 * p + j`` in byte ``j`` (little-endian): ``[..., S] -> [..., S / 4]``."""
+    shape = tuple(exponents.shape[:-1])
+    grouped = exponents.to(torch.int64).reshape(shape + (exponents.shape[-1] // UE8M0_PER_PACK, UE8M0_PER_PACK))
+    packed = sum(grouped[..., j] << (8 * j) for j in range(UE8M0_PER_PACK))
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def column_major(rows: torch.Tensor) -> torch.Tensor:
+    """``[E, T, S]`` values laid out as the library allocates its scales: ``[E, S, T]`` transposed (TMA)."""
+    return rows.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+def logfmt_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """What the combine receiver decodes of bf16 rows ``x [n, hidden]`` sent as LogFMT-10 (float32 values).
+
+    Per 128 channels (``logfmt_encode``): ``amax`` / ``amin`` of ``|x|``; the block is cast only when
+    ``log2(amax) < 0`` and ``log2(amin) < log2(amax)`` (``amin`` clipped to ``amax * 2^-32``), else sent as bf16.
+    A cast value is ``floor(log2|x| / step - log2(amin) / step + rounding)`` (at least 0), ``step = (log2 amax -
+    log2 amin) / 510``, decoded as ``2^((code - 1) * step + log2 amin)`` (code 0: zero), with its sign.  The
+    kernels use ``lg2.approx`` / ``ex2.approx``; the emulation exact ``log2`` / ``exp2`` (see DIVERGENCES.md).
+    """
+    n, hidden = x.shape
+    values = x.to(torch.float32).reshape(n, hidden // 128, 128)
+    magnitude = values.abs()
+    amax = magnitude.amax(dim=-1, keepdim=True)
+    amin = magnitude.amin(dim=-1, keepdim=True)
+    log_amax = torch.log2(amax)
+    log_amin = torch.maximum(torch.log2(amin), log_amax - LOGFMT_MIN_CLIP)
+    cast = (log_amax < LOGFMT_THRESHOLD) & (log_amin < log_amax)
+    step = torch.where(cast, (log_amax - log_amin) / (LOGFMT_VALUES - 2), torch.ones_like(log_amax))
+    rounding = 2.0 - torch.log2((1.0 + torch.exp2(step)) * 0.5) / step
+    code = torch.floor(torch.clamp_min(torch.log2(magnitude) / step + (rounding - log_amin / step), 0))
+    decoded = torch.where(code == 0, torch.zeros_like(magnitude), torch.exp2((code - 1) * step + log_amin))
+    decoded = torch.where(torch.signbit(values), -decoded, decoded)
+    return torch.where(cast, decoded, values).reshape(n, hidden)
+
+
+# ------------------------------------------------------------------------------------------ the Buffer side
+class LowLatencyMixin:
+    """``Buffer.low_latency_dispatch`` / ``low_latency_combine`` / ``get_next_low_latency_combine_buffer`` /
+    ``clean_low_latency_buffer`` (deep_ep/buffers/legacy.py:538-712, csrc/legacy/buffer.hpp:1431-1725).
+
+    The receive layout is the library's: per local expert ``num_ranks * num_max_dispatch_tokens_per_rank`` rows,
+    the rows of source rank ``s`` at ``[begin, begin + count)`` with ``layout_range[e, s] = begin << 32 | count``,
+    ``recv_count[e]`` valid rows in all.  The emulation packs source ranks in ascending order and each rank's
+    tokens in ascending order (the real order is arrival order; see DIVERGENCES.md).
+    """
+
+    group: Any
+    group_size: int
+    rank: int
+    runtime: object | None
+    low_latency_mode: bool
+    num_rdma_bytes: int
+    num_qps_per_rank: int
+
+    def _ll_state(self) -> dict[str, Any]:
+        state = self.__dict__.setdefault("_ll", {"index": 0, "send": {}})
+        return state
+
+    def _ll_next_index(self) -> int:
+        """The double-buffer index this call uses (``low_latency_buffer_idx``, then flipped)."""
+        state = self._ll_state()
+        index = state["index"]
+        state["index"] ^= 1
+        return index
+
+    def _ll_python_checks(self, num_max_dispatch_tokens_per_rank: int, row_deterministic: str, row_qp: str) -> None:
+        check(not _checks.deterministic_fill_enabled(), row_deterministic)
+        depth = self.__dict__.get("nvshmem_qp_depth")
+        if depth is None:  # never set on a buffer without low_latency_mode and one RDMA rank
+            refuse("v1_ll_dispatch_not_ll_buffer")
+        check(depth >= (num_max_dispatch_tokens_per_rank + 1) * 2, row_qp)
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Zero the low-latency buffers: nothing to do in the emulation (no buffer memory), checks only."""
+        if not self.low_latency_mode:
+            raise RuntimeError("Assertion exception (csrc/legacy/buffer.hpp:1432): low_latency_mode")
+
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats: torch.Tensor | None = None,
+        dispatch_wait_recv_cost_stats: torch.Tensor | None = None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ) -> tuple[Any, torch.Tensor, tuple, EventOverlap, Callable[[], None] | None]:
+        """Send each (token, top-k slot) to its expert, FP8-cast per 128 channels when ``use_fp8``.
+
+        Returns ``(recv_x or (recv_x, scales), recv_count, handle, event, hook)``; with ``return_recv_hook`` the
+        received tensors (and the statistics) are written only when ``hook()`` is called.
+        """
+        self._ll_python_checks(num_max_dispatch_tokens_per_rank, "v1_ll_dispatch_deterministic",
+                               "v1_ll_dispatch_qp_depth")
+        check(self.runtime is not None, "v1_ll_dispatch_after_destroy")
+        num_ranks, me = self.group_size, self.rank
+        t_max = num_max_dispatch_tokens_per_rank
+        check(self.low_latency_mode, "v1_ll_dispatch_not_ll_mode")
+        check(x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_dispatch_1478")
+        check(x.shape[1] % 16 == 0 and x.shape[1] % 128 == 0, "v1_ll_dispatch_1479")
+        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_dispatch_1480")
+        local_error = None
+        if not (x.shape[0] == topk_idx.shape[0] and x.shape[0] <= t_max):  # rank-local: raised after the preflight
+            local_error = _refusals.error("v1_ll_dispatch_1481") if "v1_ll_dispatch_1481" not in \
+                _refusals.SUPPRESSED else None
+        check(topk_idx.dtype == torch.int64, "v1_ll_dispatch_1482")
+        check(num_experts % num_ranks == 0, "v1_ll_dispatch_1483")
+        stats = cumulative_local_expert_recv_stats
+        if stats is not None:
+            check(stats.dtype == torch.int32, "v1_ll_dispatch_1487")
+            check(stats.dim() == 1 and stats.is_contiguous(), "v1_ll_dispatch_1488")
+            check(stats.shape[0] == num_experts // num_ranks, "v1_ll_dispatch_1489")
+        cost = dispatch_wait_recv_cost_stats
+        if cost is not None:
+            check(cost.dtype == torch.int64, "v1_ll_dispatch_1492")
+            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_dispatch_1493")
+            check(cost.shape[0] == num_ranks, "v1_ll_dispatch_1494")
+        hidden = x.shape[1]
+        num_local = num_experts // num_ranks
+        check(layout_total_bytes(t_max, hidden, num_ranks, num_experts) <= self.num_rdma_bytes,
+              "v1_ll_dispatch_1503")
+        check(not (async_finish and return_recv_hook), "v1_ll_dispatch_1511")
+        check((num_ranks * t_max) % 4 == 0, "v1_ll_dispatch_1526")
+        if use_fp8:
+            check(hidden % 512 == 0, "v1_ll_dispatch_1530")
+            if use_ue8m0:
+                check(round_scale, "v1_ll_dispatch_1535")
+        _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
+                       "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
+        qp_error = _qp_error(self.num_qps_per_rank, num_local)
+        counts = _comm.preflight(self.group, x.device, x.shape[0], local_error or qp_error,
+                                 "Buffer.low_latency_dispatch")
+        index = self._ll_next_index()
+        del index  # the emulation keeps no dispatch buffer memory
+
+        # the send phase: the cast at the source, one message per (token, slot) with an expert
+        payload, scales = fp8_cast(x, round_scale) if use_fp8 else (x, None)
+        fields = {"x": payload, "scales": scales, "topk_idx": topk_idx}
+        received = {name: _comm.all_gather_rows(self.group, t, counts) for name, t in fields.items() if t is not None}
+        rows_per_expert = num_ranks * t_max
+        device = x.device
+        recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload.dtype, device=device)
+        num_scales = hidden // CHANNELS_PER_SCALE
+        recv_scales = torch.zeros((num_local, rows_per_expert, num_scales), dtype=torch.float32, device=device)
+        src_info = torch.zeros((num_local, rows_per_expert), dtype=torch.int32, device=device)
+        layout_range = torch.zeros((num_local, num_ranks), dtype=torch.int64, device=device)
+        recv_count = torch.zeros(num_local, dtype=torch.int32, device=device)
+        for e in range(num_local):
+            expert = me * num_local + e
+            begin = 0
+            for s in range(num_ranks):
+                tokens = torch.nonzero((received["topk_idx"][s] == expert).any(dim=1)).flatten()
+                hits = int((received["topk_idx"][s][tokens] == expert).sum())  # one message per matching slot
+                order = torch.repeat_interleave(tokens, (received["topk_idx"][s][tokens] == expert).sum(dim=1))
+                recv_x[e, begin:begin + hits] = received["x"][s][order]
+                if scales is not None:
+                    recv_scales[e, begin:begin + hits] = received["scales"][s][order]
+                src_info[e, begin:begin + hits] = order.to(torch.int32)
+                layout_range[e, s] = (begin << 32) | hits
+                begin += hits
+            recv_count[e] = begin
+        if use_fp8 and use_ue8m0:
+            packed_scales = column_major(pack_ue8m0(ue8m0_bytes(recv_scales)))
+        elif use_fp8:
+            packed_scales = column_major(recv_scales)
+        else:
+            packed_scales = None
+        handle = (src_info, layout_range, t_max, hidden, num_experts)
+        delivered = [recv_x, packed_scales, recv_count, src_info, layout_range]
+        outputs = [torch.full_like(t, _POISON[t.dtype]) if t is not None else None for t in delivered]
+
+        def receive() -> None:
+            """The receive phase: the rows, the scales, the counts and the statistics land."""
+            for out, value in zip(outputs, delivered, strict=True):
+                if out is not None:
+                    out.copy_(value)
+            if stats is not None:
+                stats.add_(recv_count.to(stats.dtype))
+
+        hook = receive if return_recv_hook else None
+        if not return_recv_hook:
+            receive()
+        recv_x_out = (outputs[0], outputs[1]) if use_fp8 else outputs[0]
+        handle = (outputs[3], outputs[4], t_max, hidden, num_experts)
+        event = EventOverlap(EventHandle(device) if async_finish else None)
+        return recv_x_out, outputs[2], handle, event, hook
+
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: tuple,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out: torch.Tensor | None = None,
+        combine_wait_recv_cost_stats: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, EventOverlap, Callable[[], None] | None]:
+        """Send every expert row back to its token's rank; each token sums ``weight * row`` over its top-k slots
+        in slot order, in float32, rounded once to bf16 (rows decoded from LogFMT-10 with ``use_logfmt``; rows
+        read from :meth:`get_next_low_latency_combine_buffer` with ``zero_copy``)."""
+        check(not _checks.deterministic_fill_enabled(), "v1_ll_combine_deterministic")
+        if not isinstance(handle, tuple | list) or len(handle) != 5:
+            n = len(handle) if hasattr(handle, "__len__") else 0
+            raise ValueError(f"not enough values to unpack (expected 5, got {n})" if n < 5 else
+                             "too many values to unpack (expected 5)")
+        src_info, layout_range, t_max, hidden, num_experts = handle
+        self._ll_python_checks(t_max, "v1_ll_combine_deterministic", "v1_ll_combine_qp_depth")
+        check(self.runtime is not None, "v1_ll_combine_after_destroy")
+        num_ranks = self.group_size
+        num_local = num_experts // num_ranks
+        check(self.low_latency_mode, "v1_ll_combine_1612")
+        check(x.dim() == 3 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_combine_1615")
+        check(x.shape[0] == num_local, "v1_ll_combine_1616")
+        check(x.shape[1] == num_ranks * t_max, "v1_ll_combine_1617")
+        check(x.shape[2] % 16 == 0 and x.shape[2] % 128 == 0, "v1_ll_combine_1618")
+        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_combine_1619")
+        check(topk_idx.shape[0] == topk_weights.shape[0] and topk_idx.shape[1] == topk_weights.shape[1],
+              "v1_ll_combine_1620")
+        check(topk_idx.dtype == torch.int64, "v1_ll_combine_1621")
+        check(topk_weights.dim() == 2 and topk_weights.is_contiguous(), "v1_ll_combine_1622")
+        local_error = None
+        if topk_weights.shape[0] > t_max and "v1_ll_combine_1623" not in _refusals.SUPPRESSED:
+            local_error = _refusals.error("v1_ll_combine_1623")
+        check(topk_weights.dtype == torch.float32, "v1_ll_combine_1624")
+        check(src_info.dim() == 2 and src_info.is_contiguous(), "v1_ll_combine_1625")
+        check(src_info.dtype == torch.int32 and x.shape[0] == src_info.shape[0], "v1_ll_combine_1626")
+        check(layout_range.dim() == 2 and layout_range.is_contiguous(), "v1_ll_combine_1627")
+        check(layout_range.dtype == torch.int64, "v1_ll_combine_1628")
+        check(layout_range.shape[0] == num_local and layout_range.shape[1] == num_ranks, "v1_ll_combine_1629")
+        cost = combine_wait_recv_cost_stats
+        if cost is not None:
+            check(cost.dtype == torch.int64, "v1_ll_combine_1632")
+            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_combine_1633")
+            check(cost.shape[0] == num_ranks, "v1_ll_combine_1634")
+        hidden = x.shape[2]
+        num_tokens, num_topk = topk_weights.shape
+        check(layout_total_bytes(t_max, hidden, num_ranks, num_experts) <= self.num_rdma_bytes,
+              "v1_ll_combine_1643")
+        check(not (async_finish and return_recv_hook), "v1_ll_combine_1651")
+        if out is not None:
+            check(out.dim() == 2 and out.is_contiguous(), "v1_ll_combine_1658")
+            check(out.shape[0] == num_tokens and out.shape[1] == hidden, "v1_ll_combine_1659")
+            check(out.dtype == x.dtype, "v1_ll_combine_1660")
+        _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
+                       "v1_ll_combine_unsupported_hidden")
+        check(not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182")
+        _comm.preflight(self.group, x.device, num_tokens, local_error, "Buffer.low_latency_combine")
+        index = self._ll_next_index()
+        source = x
+        if zero_copy:
+            key = (t_max, hidden, num_experts)
+            source = self._ll_state()["send"].get((index, key))
+            if source is None:
+                raise RuntimeError("deep_ep emulation: zero_copy=True without get_next_low_latency_combine_buffer "
+                                   "(the real kernel would read uninitialised buffer memory)")
+
+        # every valid row goes back to its source rank, with its source token and global expert
+        device = x.device
+        me = self.rank
+        rows, tokens, experts, dst = [], [], [], []
+        for e in range(num_local):
+            for s in range(num_ranks):
+                packed = int(layout_range[e, s])
+                begin, count = packed >> 32, packed & 0xFFFFFFFF
+                if count:
+                    rows.append(source[e, begin:begin + count])
+                    tokens.append(src_info[e, begin:begin + count].to(torch.int64))
+                    experts.append(torch.full((count,), me * num_local + e, dtype=torch.int64, device=device))
+                    dst.append(torch.full((count,), s, dtype=torch.int64, device=device))
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        send_rows = torch.cat(rows) if rows else torch.empty((0, hidden), dtype=x.dtype, device=device)
+        values = logfmt_roundtrip(send_rows) if use_logfmt else send_rows.to(torch.float32)
+        parts = _exchange.return_to_sources(self.group, device, torch.cat(dst) if dst else empty, {
+            "x": values, "token": torch.cat(tokens) if tokens else empty,
+            "expert": torch.cat(experts) if experts else empty})
+        got_x = torch.cat([p["x"] for p in parts])
+        key = torch.cat([p["token"] for p in parts]) * max(num_experts, 1) + torch.cat([p["expert"] for p in parts])
+        acc = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=device)
+        for k in range(num_topk):  # slot order, as the kernel's accumulation
+            want = torch.arange(num_tokens, device=device) * max(num_experts, 1) + topk_idx[:, k]
+            sorted_key, order = torch.sort(key)
+            pos = torch.searchsorted(sorted_key, want).clamp_max(max(sorted_key.numel() - 1, 0))
+            found = (topk_idx[:, k] >= 0) & (sorted_key.numel() > 0)
+            if sorted_key.numel():
+                found &= sorted_key[pos] == want
+            if bool(found.any()):
+                acc[found] += got_x[order[pos[found]]] * topk_weights[found, k].unsqueeze(1)
+        result = acc.to(torch.bfloat16)
+        combined = out if out is not None else torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
+        combined.fill_(_POISON[torch.bfloat16])
+
+        def receive() -> None:
+            combined.copy_(result)
+
+        hook = receive if return_recv_hook else None
+        if not return_recv_hook:
+            receive()
+        return combined, EventOverlap(EventHandle(device) if async_finish else None), hook
+
+    def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
+        """The bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]`` buffer the next
+        ``low_latency_combine(..., zero_copy=True)`` reads (one per double-buffer index)."""
+        _, _, t_max, hidden, num_experts = handle  # type: ignore[misc]
+        key = (t_max, hidden, num_experts)
+        index = self._ll_state()["index"]
+        send = self._ll_state()["send"]
+        if (index, key) not in send:
+            send[(index, key)] = torch.zeros((num_experts // self.group_size, self.group_size * t_max, hidden),
+                                             dtype=torch.bfloat16, device=_device())
+        return send[(index, key)]
+
+
+#: What an output holds before its receive phase ran (the real tensors are uninitialised): NaN bytes for floats,
+#: -1 for integers (see DIVERGENCES.md).
+_POISON: dict[torch.dtype, Any] = {
+    torch.bfloat16: float("nan"), torch.float32: float("nan"), torch.float8_e4m3fn: float("nan"),
+    torch.int32: -1, torch.int64: -1,
+}
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _kernel_checks(num_experts: int, num_topk: int, hidden: int, row_warps: str, row_topk: str,
+                   row_hidden: str) -> None:
+    """The launchers' host checks: warp groups (an expert count 0 or above 32 per SM), top-k, ``SWITCH_HIDDEN``."""
+    sms = _sizing.device_num_sms()
+    check(0 < num_experts and -(-num_experts // sms) <= 32, row_warps)
+    check(num_topk <= NUM_MAX_TOPK, row_topk)
+    check(hidden in SUPPORTED_HIDDEN, row_hidden)
+
+
+def _qp_error(num_qps_per_rank: int, num_local_experts: int) -> BaseException | None:
+    """The dispatch kernel's device assertion ``num_rc_per_pe >= num_local_experts`` (internode_ll.cu:286): the
+    real kernel traps; the emulation refuses (an emulation refusal, DIVERGENCES.md)."""
+    if num_qps_per_rank >= num_local_experts:
+        return None
+    return RuntimeError(f"deep_ep emulation: num_qps_per_rank={num_qps_per_rank} < {num_local_experts} local experts "
+                        "(the real dispatch kernel traps on EP_DEVICE_ASSERT(num_rc_per_pe >= num_local_experts))")
+

@@ -1,0 +1,81 @@
+"""P18 FP8 payloads: a normal-mode dispatch of ``(float8_e4m3fn x, float32 scales)`` delivers, for every token the
+oracle sends to a rank, its E4M3 bytes and its own scale row byte for byte (V1 ``Buffer.dispatch``; V2
+``ElasticBuffer.dispatch`` row-major and with ``use_tma_aligned_col_major_sf``, whose scales are laid out
+``stride (1, align(rows, 4))``), so V1, V2 and the oracle agree per token."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from conformance.assertions import per_backend
+from conformance.core.example import Example, build_all_inputs, fp8_payload
+from conformance.core.views import Unsupported
+from conformance.oracle import expected_received_tokens
+from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
+from conformance.strategies.low_latency import fp8_examples
+from conformance.tasks.low_latency import fp8_runs
+
+
+def check_rows(run: dict[str, Any], example: Example, rank: int, expected: list[tuple[int, int]],
+               payloads: list[tuple[torch.Tensor, torch.Tensor]], call: str) -> None:
+    """The valid rows of one FP8 dispatch: the oracle's tokens, each with its own bytes and scale row."""
+    __tracebackhide__ = True
+    n = run["num_valid"]
+    got = sorted(zip(run["src_rank"][:n].tolist(), run["src_token"][:n].tolist(), strict=True))
+    if got != expected:
+        raise AssertionError(f"received (source rank, token) on rank {rank} are {got}, expected {expected} (the "
+                             f"oracle) [{call}]")
+    for row, (s, t) in enumerate(zip(run["src_rank"][:n].tolist(), run["src_token"][:n].tolist(), strict=True)):
+        x, scales = payloads[s]
+        if not torch.equal(run["x"][row].view(torch.uint8), x[t].view(torch.uint8)):
+            raise AssertionError(f"E4M3 bytes of row {row} (rank {s} token {t}) on rank {rank} differ from the "
+                                 f"source token's [{call}]")
+        if not torch.equal(run["scales"][row].view(torch.int32), scales[t].view(torch.int32)):
+            raise AssertionError(f"scales of row {row} (rank {s} token {t}) on rank {rank} are "
+                                 f"{run['scales'][row].tolist()}, expected {scales[t].tolist()} (that token's scale "
+                                 f"row) [{call}]")
+
+
+def call_of(backend: str, variant: str, example: Example, rank: int) -> str:
+    cls = "Buffer" if backend.endswith("v1") else "ElasticBuffer"
+    extra = {"plain": "", "col_major": ", use_tma_aligned_col_major_sf=True", "no_cpu_sync": ", do_cpu_sync=False",
+             "num_worst_tokens": f", num_worst_tokens={example.world_size * example.num_max_tokens_per_rank}"}
+    return (f"{backend}: {cls}.dispatch((x[{example.tokens_per_rank[rank]},{example.hidden}] float8_e4m3fn, "
+            f"scales float32){extra.get(variant, variant)}) on rank {rank}")
+
+
+def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
+    """Every variant of every backend against the oracle (so V1 and V2 agree), and V2's scale layout."""
+    __tracebackhide__ = True
+    inputs = build_all_inputs(example)
+    payloads = [fp8_payload(example, r) for r in range(example.world_size)]
+    for backend, results in per_backend(ctx, per_rank):
+        for rank, result in enumerate(results):
+            if isinstance(result, Unsupported):
+                ctx.record_unsupported(result, example)
+                continue
+            expected = expected_received_tokens(example, inputs, rank)
+            for variant in ("plain", "col_major"):
+                if variant not in result:
+                    continue
+                run = result[variant]
+                call = call_of(backend, variant, example, rank)
+                check_rows(run, example, rank, expected, payloads, call)
+                rows, packs = run["scales"].shape
+                want = (1, -(-rows // 4) * 4 if rows else 1) if variant == "col_major" else (packs, 1)
+                if rows > 1 and packs > 1 and run["scales_stride"] != want:
+                    raise AssertionError(f"received scale strides are {run['scales_stride']}, expected {want} "
+                                         f"({'TMA-aligned column-major' if variant == 'col_major' else 'row-major'}) "
+                                         f"[{call}]")
+
+
+PROPERTY = register(Property(
+    id="P18-fp8-payloads",
+    title="FP8 (x, scales) dispatch: each token's E4M3 bytes and its own scale row arrive byte for byte at the "
+          "oracle's ranks; V1, V2 row-major and V2 TMA column-major agree",
+    strategy=sized(fp8_examples), task=fp8_runs, check=check, needs=("fp8",),
+))
+test_fp8_payloads = PROPERTY.test
