@@ -19,6 +19,7 @@ import pytest
 from conformance.harness.options import Machine, SetupError, build_run_config
 from tests.conftest import ROOT
 
+
 def _catalog_size() -> int:
     from conformance.properties import catalog
 

@@ -46,6 +46,11 @@ class LegacyAdapter(AdapterBase):
             self._buffer.destroy()
             self._buffer = None
 
+    @property
+    def internode(self) -> bool:
+        """Whether the buffer takes the library's internode path (``runtime.get_num_rdma_ranks() > 1``)."""
+        return int(self.buffer.runtime.get_num_rdma_ranks()) > 1
+
     def reduction_group(self, raw: Raw) -> int:
         """Intranode combine rounds once; internode (``get_num_rdma_ranks() > 1``) each node's NVLink forwarder
         rounds its ranks' sum first (``internode::combine``)."""
@@ -158,10 +163,9 @@ class LegacyAdapter(AdapterBase):
             per_src = torch.diff(prefix, prepend=prefix.new_zeros(1))
             src_rank = torch.repeat_interleave(torch.arange(per_src.numel()), per_src)
             src_token = handle[3].to(torch.int64).cpu()[: src_rank.numel()]
-        else:
-            from conformance.backends.contract import NotSupported
-
-            raise NotSupported("the internode V1 handle does not name source tokens of FP8 rows")
+        else:  # internode handles do not name the source token: a cached dispatch of bf16 identity rows does
+            ident = identity_payload(inputs.x.shape[0], inputs.x.shape[1], self.group.rank(), inputs.x)
+            src_rank, src_token = decode_identity(buffer.dispatch(ident, handle=handle)[0].cpu())
         return {"x": recv_x.cpu().view(torch.uint8), "scales": recv_scales.cpu(),
                 "scales_stride": tuple(recv_scales.stride()),
                 "topk_idx": recv_idx.cpu(), "src_rank": src_rank, "src_token": src_token, "counts": list(counts),

@@ -45,7 +45,12 @@ def fp8_runs(env: RankEnv) -> dict[str, Any]:
         spec_has = adapter.spec.has
         if adapter.api == "v1":
             out = {"plain": adapter.fp8_dispatch(env.inputs, env.example, x, scales)}
-            if spec_has("worst_case"):
+            if spec_has("worst_case") and getattr(adapter, "internode", False):
+                # The library refuses num_worst_tokens on its internode path (refusal row v1_internode_worst_tokens,
+                # which P12 checks): nothing to compare here.
+                out["worst_refused"] = ("V1 num_worst_tokens on the internode path: Buffer.dispatch refuses it "
+                                        "(Internode dispatch does not support `num_worst_tokens > 0`)")
+            elif spec_has("worst_case"):
                 out["num_worst_tokens"] = adapter.fp8_dispatch(env.inputs, env.example, x, scales,
                                                                num_worst_tokens=worst)
                 out["num_worst_tokens"]["worst"] = worst
