@@ -41,6 +41,9 @@ def run_property(session: Any, prop: Property) -> None:
     except NotApplicable as reason:
         recorder.not_applicable = str(reason)
         return
+    configured = prop.configured(session.config) if prop.configured is not None else None
+    if isinstance(configured, str):  # an option's mode that is off (--soak): skipped, saying why, whatever else
+        pytest.skip(f"{property_id}: {configured}")
     broken = {name: cause for name, cause in session.broken_backends().items() if name in task_settings.names}
     recorder.seen = {name: seen for name, seen in session.seen.items() if name in task_settings.names}
     healthy = [name for name in task_settings.names if name not in broken]
@@ -72,11 +75,8 @@ def run_property(session: Any, prop: Property) -> None:
         finally:
             session.progress(property_id, recorder.examples)
 
-    if prop.configured is not None:  # an option's mode (--soak): its chosen cases, or a skip saying why not
-        cases = prop.configured(config)
-        if isinstance(cases, str):
-            pytest.skip(f"{property_id}: {cases}")
-        for case in cases:
+    if prop.configured is not None:  # an option's mode (--soak): its chosen cases (the skip was decided above)
+        for case in configured:
             check_one(case)
         return
 

@@ -157,8 +157,20 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         if recorded["last_example"]:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
+    if report.skipped:  # never silent: the reason is the property's message and every backend's column
+        entry.message = _skip_reason(report)
+        entry.verdicts = {b.name: {**_empty_column(), "status": "skipped", "reason": entry.message}
+                          for b in config.backends}
+        return entry
     entry.verdicts = annotate_verdicts(entry, config, recorded.get("distinct_examples", entry.examples))
     return entry
+
+
+def _skip_reason(report: Any) -> str:
+    """The reason pytest recorded for a skipped test (``Skipped: `` removed)."""
+    longrepr = report.longrepr
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr or "")
+    return text.removeprefix("Skipped: ") or "skipped (no reason given)"
 
 
 def annotate_verdicts(entry: PropertyEntry, config: RunConfig, distinct: int) -> dict[str, Any]:
