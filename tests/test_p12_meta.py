@@ -42,7 +42,7 @@ def test_p12_catches_too_many_tokens_accepted_and_truncated(emulated_session) ->
 def test_p12_reports_the_upstream_cached_dispatch_typeerror_as_a_known_defect(emulated_session) -> None:
     """The emulation mimics DeepEP 2.1.0's TypeError on a cached dispatch without num_experts: the known-defects
     entry matches it (known-defect, nothing raised); with the upstream fix planted the same case holds and the
-    entry counts it as held (fixed); an unrelated failure of the same case (a corrupted buffer after the call) is
+    entry counts it as held (fixed); an unrelated failure of the same case (a flipped byte in the next dispatch) is
     never swallowed by the entry."""
     from conformance.harness.session import Recorder
 
@@ -60,7 +60,7 @@ def test_p12_reports_the_upstream_cached_dispatch_typeerror_as_a_known_defect(em
                                                                 "message": None}
     assert emulated_session.recorder.tally.as_dict()["emulated-v2"]["status"] == "passed"
     emulated_session.recorder = Recorder()
-    with emulated_session.planted("refusal-corrupts-buffer"), pytest.raises(AssertionError, match="bytes differ"):
+    with emulated_session.planted("flip-one-byte"), pytest.raises(AssertionError, match="bytes differ"):
         emulated_session.check(P12, case)
     emulated_session.recorder = Recorder()
 

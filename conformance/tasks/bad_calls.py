@@ -1383,7 +1383,18 @@ pair("v2_dispatch_deterministic")(_deterministic_v2)
 
 _v2_edit("v2_dispatch_no_topk_no_handle", _v2set(topk_idx=lambda e, c: None), "neither topk_idx nor a handle")
 _v2_edit("v2_dispatch_topk_1d", _v2kw("topk_idx", lambda t: t[:, 0].contiguous()), "a 1-D topk_idx")
-_v2_edit("v2_dispatch_num_experts_none", _v2set(num_experts=lambda e, c: None), "num_experts=None (automatic SMs)")
+
+
+@pair("v2_dispatch_num_experts_none")
+def _v2_cached_without_num_experts(env: BadCallEnv, bad: bool) -> None:
+    """A cached dispatch ``dispatch(x, handle=handle)`` without num_experts (automatic SMs), the recorded case;
+    neighbour: the same with ``num_experts=handle.num_experts``."""
+    first = env.valid_v2_dispatch()
+    handle = first.handle
+    extra = {} if bad else {"num_experts": handle.num_experts}
+    first.buffer.dispatch(env.inputs.x, handle=handle, **extra)
+
+
 _v2_edit("v2_dispatch_experts_not_divisible_auto", _v2set(num_experts=lambda e, c: e.example.num_experts + 1),
          "num_experts + 1 experts (automatic SMs)", requires=several_ranks)
 _v2_edit("v2_dispatch_topk_zero_auto",
