@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import per_backend
+from conformance.assertions import for_each_backend
 from conformance.core.example import Example, build_all_inputs
-from conformance.core.views import Unsupported
 from conformance.oracle.quantize import expert_rows, quantize, ue8m0
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -111,13 +110,12 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     """Every dispatch of every rank and backend against the oracle; backends pairwise by the same oracle."""
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
-    for _backend, results in per_backend(ctx, per_rank):
-        for rank, result in enumerate(results):
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, example)
-                continue
-            for run in result["dispatches"]:
-                check_dispatch(run, example, inputs, rank)
+
+    def one(rank: int, backend: str, result: dict[str, Any]) -> None:
+        for run in result["dispatches"]:
+            check_dispatch(run, example, inputs, rank)
+
+    for_each_backend(ctx, example, per_rank, one)
 
 
 PROPERTY = register(Property(

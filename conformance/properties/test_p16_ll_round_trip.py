@@ -10,9 +10,8 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import per_backend
+from conformance.assertions import for_each_backend
 from conformance.core.example import Example, build_all_inputs
-from conformance.core.views import Unsupported
 from conformance.oracle.quantize import weighted_identity_combine
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -44,42 +43,41 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     """Every rank's combines against the oracle's exact weighted sums and the normal-mode round trip."""
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
-    for _backend, results in per_backend(ctx, per_rank):
-        for rank, result in enumerate(results):
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, example)
-                continue
-            exact, magnitude = weighted_identity_combine(inputs, rank)
-            k = example.num_topk
-            accumulation = 2 * k * FP32_U * magnitude
-            plain_bound = BF16_HALF_ULP * exact.abs() + accumulation * (1 + BF16_HALF_ULP) + BF16_TINY
-            combines, call = result["combines"], result["combine_call"]
-            _assert_within("combined_x", combines["plain"], exact, plain_bound, call, rank)
-            for variant in ("hook", "zero_copy"):
-                if not torch.equal(combines[variant].view(torch.int16), combines["plain"].view(torch.int16)):
-                    bad = torch.nonzero(combines[variant].view(torch.int16) != combines["plain"].view(torch.int16))
-                    t, c = bad[0].tolist()
-                    how = ("return_recv_hook=True, then hook()" if variant == "hook"
-                           else "zero_copy=True after get_next_low_latency_combine_buffer")
-                    raise AssertionError(
-                        f"combined_x[rank {rank}][token {t}, col {c}] of the {variant} combine is "
-                        f"{float(combines[variant][t, c])}, expected {float(combines['plain'][t, c])} (the plain "
-                        f"combine's bytes) [{call} with {how}]")
-            x = inputs[rank].x.to(torch.float64)
-            if x.numel():
-                block_amax = x.abs().reshape(x.shape[0], -1, 128).amax(dim=-1).repeat_interleave(128, dim=1)
-            else:
-                block_amax = x
-            valid = (inputs[rank].topk_idx >= 0).to(torch.float64)
-            weight_abs = (inputs[rank].topk_weights.to(torch.float64).abs() * valid).sum(dim=1, keepdim=True)
-            logfmt_bound = plain_bound + (LOGFMT_REL * 1.001) * magnitude + 2 * LOGFMT_CLIP * block_amax * weight_abs
-            _assert_within("combined_x (use_logfmt=True)", combines["logfmt"], exact, logfmt_bound,
-                           call + " with use_logfmt=True", rank)
-            normal_bound = BF16_HALF_ULP * exact.abs() + BF16_HALF_ULP * magnitude * (1 + BF16_HALF_ULP) \
-                + 2 * accumulation + 2 * BF16_TINY
-            _assert_within("combined_x against the normal-mode round trip", combines["plain"],
-                           result["normal"].to(torch.float64), plain_bound + normal_bound,
-                           call + " vs Buffer.dispatch + Buffer.combine of the same identity experts", rank)
+
+    def one(rank: int, backend: str, result: dict[str, Any]) -> None:
+        exact, magnitude = weighted_identity_combine(inputs, rank)
+        k = example.num_topk
+        accumulation = 2 * k * FP32_U * magnitude
+        plain_bound = BF16_HALF_ULP * exact.abs() + accumulation * (1 + BF16_HALF_ULP) + BF16_TINY
+        combines, call = result["combines"], result["combine_call"]
+        _assert_within("combined_x", combines["plain"], exact, plain_bound, call, rank)
+        for variant in ("hook", "zero_copy"):
+            if not torch.equal(combines[variant].view(torch.int16), combines["plain"].view(torch.int16)):
+                bad = torch.nonzero(combines[variant].view(torch.int16) != combines["plain"].view(torch.int16))
+                t, c = bad[0].tolist()
+                how = ("return_recv_hook=True, then hook()" if variant == "hook"
+                       else "zero_copy=True after get_next_low_latency_combine_buffer")
+                raise AssertionError(
+                    f"combined_x[rank {rank}][token {t}, col {c}] of the {variant} combine is "
+                    f"{float(combines[variant][t, c])}, expected {float(combines['plain'][t, c])} (the plain "
+                    f"combine's bytes) [{call} with {how}]")
+        x = inputs[rank].x.to(torch.float64)
+        if x.numel():
+            block_amax = x.abs().reshape(x.shape[0], -1, 128).amax(dim=-1).repeat_interleave(128, dim=1)
+        else:
+            block_amax = x
+        valid = (inputs[rank].topk_idx >= 0).to(torch.float64)
+        weight_abs = (inputs[rank].topk_weights.to(torch.float64).abs() * valid).sum(dim=1, keepdim=True)
+        logfmt_bound = plain_bound + (LOGFMT_REL * 1.001) * magnitude + 2 * LOGFMT_CLIP * block_amax * weight_abs
+        _assert_within("combined_x (use_logfmt=True)", combines["logfmt"], exact, logfmt_bound,
+                       call + " with use_logfmt=True", rank)
+        normal_bound = BF16_HALF_ULP * exact.abs() + BF16_HALF_ULP * magnitude * (1 + BF16_HALF_ULP) \
+            + 2 * accumulation + 2 * BF16_TINY
+        _assert_within("combined_x against the normal-mode round trip", combines["plain"],
+                       result["normal"].to(torch.float64), plain_bound + normal_bound,
+                       call + " vs Buffer.dispatch + Buffer.combine of the same identity experts", rank)
+
+    for_each_backend(ctx, example, per_rank, one)
 
 
 PROPERTY = register(Property(

@@ -9,9 +9,8 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import per_backend
+from conformance.assertions import for_each_backend
 from conformance.core.example import Example, build_all_inputs, fp8_payload
-from conformance.core.views import Unsupported
 from conformance.oracle import expected_received_tokens
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -52,24 +51,23 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
     payloads = [fp8_payload(example, r) for r in range(example.world_size)]
-    for backend, results in per_backend(ctx, per_rank):
-        for rank, result in enumerate(results):
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, example)
+
+    def one(rank: int, backend: str, result: dict[str, Any]) -> None:
+        expected = expected_received_tokens(example, inputs, rank)
+        for variant in ("plain", "col_major"):
+            if variant not in result:
                 continue
-            expected = expected_received_tokens(example, inputs, rank)
-            for variant in ("plain", "col_major"):
-                if variant not in result:
-                    continue
-                run = result[variant]
-                call = call_of(backend, variant, example, rank)
-                check_rows(run, example, rank, expected, payloads, call)
-                rows, packs = run["scales"].shape
-                want = (1, -(-rows // 4) * 4 if rows else 1) if variant == "col_major" else (packs, 1)
-                if rows > 1 and packs > 1 and run["scales_stride"] != want:
-                    raise AssertionError(f"received scale strides are {run['scales_stride']}, expected {want} "
-                                         f"({'TMA-aligned column-major' if variant == 'col_major' else 'row-major'}) "
-                                         f"[{call}]")
+            run = result[variant]
+            call = call_of(backend, variant, example, rank)
+            check_rows(run, example, rank, expected, payloads, call)
+            rows, packs = run["scales"].shape
+            want = (1, -(-rows // 4) * 4 if rows else 1) if variant == "col_major" else (packs, 1)
+            if rows > 1 and packs > 1 and run["scales_stride"] != want:
+                raise AssertionError(f"received scale strides are {run['scales_stride']}, expected {want} "
+                                     f"({'TMA-aligned column-major' if variant == 'col_major' else 'row-major'}) "
+                                     f"[{call}]")
+
+    for_each_backend(ctx, example, per_rank, one)
 
 
 PROPERTY = register(Property(

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import per_backend
+from conformance.assertions import for_each_backend
 from conformance.core.example import Example, build_all_inputs, fp8_payload
 from conformance.core.views import Unsupported
 from conformance.oracle import expected_received_tokens
@@ -26,43 +26,42 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
     payloads = [fp8_payload(example, r) for r in range(example.world_size)]
-    for backend, results in per_backend(ctx, per_rank):
-        for rank, result in enumerate(results):
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, example)
-                continue
-            expected = expected_received_tokens(example, inputs, rank)
-            variants = [v for v in ("num_worst_tokens", "no_cpu_sync") if v in result]
-            if "worst_refused" in result:  # a known limit of the library, excluded like V2's hidden-128 combine
-                ctx.record_unsupported(Unsupported(backend, "Buffer.dispatch(num_worst_tokens=W)",
-                                                   result["worst_refused"], "internode (more than one node)"), example)
-                continue
-            if not variants:
-                ctx.record_not_checked(backend, "worst-case dispatch (capability worst_case)")
-            for variant in variants:
-                run, call = result[variant], call_of(backend, variant, example, rank)
-                worst = run["worst"]
-                if run["num_valid"] != len(expected):
-                    raise AssertionError(f"valid rows on rank {rank}: {run['num_valid']}, expected {len(expected)} "
-                                         f"[{call}]")
-                shapes = {"recv_x rows": run["x"].shape[0], "scale rows": run["scales"].shape[0]}
-                if variant == "no_cpu_sync":
-                    shapes.update({"handle.num_recv_tokens": run["num_recv_tokens"],
-                                   "recv_src_metadata rows": run["metadata_rows"]})
-                for name, value in shapes.items():
-                    if value != worst:
-                        raise AssertionError(f"{name} on rank {rank} is {value}, expected {worst} (the worst case: "
-                                             f"num_ranks x num_max_tokens_per_rank) [{call}]")
-                if run["counts"] != []:
-                    raise AssertionError(f"num_recv_tokens_per_expert_list on rank {rank} is {run['counts']}, "
-                                         f"expected [] (no host sync) [{call}]")
-                if variant == "num_worst_tokens":
-                    tail = run["topk_idx"][run["num_valid"]:]
-                    if tail.numel() and not bool((tail == -1).all()):
-                        row = int(torch.nonzero((tail != -1).any(dim=1))[0]) + run["num_valid"]
-                        raise AssertionError(f"recv_topk_idx row {row} (padding) on rank {rank} is "
-                                             f"{run['topk_idx'][row].tolist()}, expected all -1 [{call}]")
-                check_rows(run, example, rank, expected, payloads, call)
+
+    def one(rank: int, backend: str, result: dict[str, Any]) -> None:
+        expected = expected_received_tokens(example, inputs, rank)
+        variants = [v for v in ("num_worst_tokens", "no_cpu_sync") if v in result]
+        if "worst_refused" in result:  # a known limit of the library, excluded like V2's hidden-128 combine
+            ctx.record_unsupported(Unsupported(backend, "Buffer.dispatch(num_worst_tokens=W)",
+                                               result["worst_refused"], "internode (more than one node)"), example)
+            return
+        if not variants:
+            ctx.record_not_checked(backend, "worst-case dispatch (capability worst_case)")
+        for variant in variants:
+            run, call = result[variant], call_of(backend, variant, example, rank)
+            worst = run["worst"]
+            if run["num_valid"] != len(expected):
+                raise AssertionError(f"valid rows on rank {rank}: {run['num_valid']}, expected {len(expected)} "
+                                     f"[{call}]")
+            shapes = {"recv_x rows": run["x"].shape[0], "scale rows": run["scales"].shape[0]}
+            if variant == "no_cpu_sync":
+                shapes.update({"handle.num_recv_tokens": run["num_recv_tokens"],
+                               "recv_src_metadata rows": run["metadata_rows"]})
+            for name, value in shapes.items():
+                if value != worst:
+                    raise AssertionError(f"{name} on rank {rank} is {value}, expected {worst} (the worst case: "
+                                         f"num_ranks x num_max_tokens_per_rank) [{call}]")
+            if run["counts"] != []:
+                raise AssertionError(f"num_recv_tokens_per_expert_list on rank {rank} is {run['counts']}, "
+                                     f"expected [] (no host sync) [{call}]")
+            if variant == "num_worst_tokens":
+                tail = run["topk_idx"][run["num_valid"]:]
+                if tail.numel() and not bool((tail == -1).all()):
+                    row = int(torch.nonzero((tail != -1).any(dim=1))[0]) + run["num_valid"]
+                    raise AssertionError(f"recv_topk_idx row {row} (padding) on rank {rank} is "
+                                         f"{run['topk_idx'][row].tolist()}, expected all -1 [{call}]")
+            check_rows(run, example, rank, expected, payloads, call)
+
+    for_each_backend(ctx, example, per_rank, one)
 
 
 PROPERTY = register(Property(
