@@ -1,19 +1,34 @@
-"""Replay the real-library recordings (``fixtures/deepep-real``) against the emulation, inside one rank.
+"""Replay the real-library recordings (``fixtures/deepep-real``) against the emulation, inside one rank; compare
+recordings with each other.
 
 Call from an initialised 2-rank world (any backend); every rank calls the same function:
 
     mismatches = replay_recorded_case('base')      # {} when every field matches byte for byte
     mismatches = replay_recorded_errors()
+    mismatches = replay_recorded_section('v1_fp8_dispatch')   # a section recorded by fixtures/record.py
 
-Recorded inputs are CPU tensors; they are moved to ``device`` (default: CPU).
+The old cases and errors are replayed with this module's own calls (written from the recordings' README,
+independently of ``fixtures/record.py``); a section of ``fixtures/record.py`` is replayed with that script's calls
+for the section (the script is where those calls are defined), the emulation as the module under test.  Every
+replay runs the calls, then compares what came back with the recording through the same functions
+(:func:`compare_case`, :func:`compare_errors`, :func:`compare_section`), which also compare two recordings
+(``tests/test_record.py``).  Where the library leaves an order open (V2 arrival order, low-latency blocks) or
+memory unwritten (worst-case padding), the comparison normalises as documented at each function.
+
+Recorded inputs are CPU tensors; they are moved to ``device`` (default: CPU).  The recording read is
+``fixtures/deepep-real`` unless ``fixtures_dir`` or the environment variable ``DEEPEP_REAL_FIXTURES`` names another.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,21 +36,57 @@ import torch.distributed as dist
 from conformance.emulation.elastic import ElasticBuffer
 from conformance.emulation.legacy import Buffer
 
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "deepep-real"
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_FIXTURES = ROOT / "fixtures" / "deepep-real"
+RECORDER = ROOT / "fixtures" / "record.py"
 V2_KWARGS = {"num_max_tokens_per_rank": 128, "hidden": 7168, "num_topk": 8}
+V1_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+             "is_token_in_rank", "send_head")
+V2_SCALARS = ("do_expand", "num_experts", "expert_alignment", "num_max_tokens_per_rank", "num_sms", "num_recv_tokens",
+              "num_expanded_tokens", "num_recv_tokens_per_expert_list", "psum_num_recv_tokens_per_scaleup_rank",
+              "psum_num_recv_tokens_per_expert", "num_unaligned_recv_tokens_per_expert")
 Mismatches = dict[str, str]
+
+
+class _Missing:
+    """A field the compared result does not have."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+MISSING = _Missing()
+
+
+def fixtures_root(fixtures_dir: str | None = None) -> Path:
+    return Path(fixtures_dir or os.environ.get("DEEPEP_REAL_FIXTURES", DEFAULT_FIXTURES))
 
 
 @functools.lru_cache(maxsize=4)
 def load_recording(rank: int, fixtures_dir: str | None = None) -> dict:
     """The recorded dict of ``rank`` (``rank{rank}.pt``)."""
-    root = Path(fixtures_dir or os.environ.get("DEEPEP_REAL_FIXTURES", DEFAULT_FIXTURES))
-    return torch.load(root / f"rank{rank}.pt", weights_only=True)
+    return torch.load(fixtures_root(fixtures_dir) / f"rank{rank}.pt", weights_only=True)
 
 
 def recorded_case_names(fixtures_dir: str | None = None) -> list[str]:
     """Names of the recorded cases."""
     return list(load_recording(0, fixtures_dir)["cases"])
+
+
+@functools.lru_cache(maxsize=1)
+def load_recorder() -> ModuleType:
+    """``fixtures/record.py`` as a module (its section calls and section ids)."""
+    spec = importlib.util.spec_from_file_location("fixtures_record", RECORDER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorder_section_ids() -> list[str]:
+    """Every section ``fixtures/record.py`` records beyond the old format."""
+    return list(load_recorder().SECTIONS)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -63,6 +114,12 @@ class _Checker:
         self.checked.append(key)
         self.mismatches[key] = problem
 
+    def sub(self, prefix: str) -> _Checker:
+        """A checker of ``prefix`` that reports into this one."""
+        child = _Checker(f"{self.prefix}.{prefix}", self.checked)
+        child.mismatches = self.mismatches
+        return child
+
 
 def _difference(got: object, expected: object) -> str | None:
     if isinstance(expected, torch.Tensor) or isinstance(got, torch.Tensor):
@@ -74,9 +131,28 @@ def _difference(got: object, expected: object) -> str | None:
             diff = (_bytes(got) != _bytes(expected)).nonzero()
             return f"bytes differ ({diff.numel()} bytes, first at byte {int(diff[0])})"
         return None
+    if isinstance(expected, dict) and isinstance(got, dict) and set(got) == set(expected):
+        problems = [f"{k}: {p}" for k in expected if (p := _difference(got[k], expected[k]))]
+        return "; ".join(problems) or None
     if got != expected:
         return f"got {got!r}, expected {expected!r}"
     return None
+
+
+def _errors_agree(chk: _Checker, got: dict, rec: dict) -> bool:
+    """Compare a recorded ``{'error': text}`` (the emulation must raise the same, the message as a prefix); True when
+    neither raised (the fields are then compared)."""
+    if "error" in got or "error" in rec:
+        if "error" not in rec:
+            chk.fail("error", f"unexpected {got['error']}")
+        elif "error" not in got:
+            chk.fail("error", f"no exception, expected {rec['error']!r}")
+        elif not got["error"].startswith(rec["error"]):
+            chk.fail("error", f"got {got['error']!r}, expected {rec['error']!r}")
+        else:
+            chk.eq("error", True, True)
+        return False
+    return True
 
 
 def _order_by_key(meta: torch.Tensor) -> torch.Tensor:
@@ -94,118 +170,85 @@ def _check_dst_slots(chk: _Checker, got: torch.Tensor, expected: torch.Tensor) -
     )
 
 
-def _check_v1(
-    chk: _Checker,
-    group: dist.ProcessGroup,
-    case: dict,
-    x: torch.Tensor,
-    topk_idx: torch.Tensor,
-    topk_weights: torch.Tensor,
-) -> None:
-    rec, meta = case["v1"], case["case"]
-    buf = Buffer(group, num_nvl_bytes=1 << 30)
-    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(topk_idx, meta["num_experts"])
-    for name, got in (
-        ("num_tokens_per_rank", per_rank),
-        ("num_tokens_per_rdma_rank", per_rdma),
-        ("num_tokens_per_expert", per_expert),
-        ("is_token_in_rank", in_rank),
-    ):
-        chk.eq(f"layout.{name}", got, rec["layout"][name])
-    recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
-        x,
-        num_tokens_per_rank=per_rank,
-        num_tokens_per_rdma_rank=per_rdma,
-        is_token_in_rank=in_rank,
-        num_tokens_per_expert=per_expert,
-        topk_idx=topk_idx,
-        topk_weights=topk_weights,
-        expert_alignment=meta["expert_alignment"],
-    )
-    chk.eq("recv_x", recv_x, rec["recv_x"])
-    chk.eq("recv_topk_idx", recv_idx, rec["recv_topk_idx"])
-    chk.eq("recv_topk_weights", recv_w, rec["recv_topk_weights"])
-    chk.eq("num_recv_tokens_per_expert_list", counts, rec["num_recv_tokens_per_expert_list"])
-    combined_x, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
-    chk.eq("combined_x", combined_x, rec["combined_x"])
-    chk.eq("combined_topk_weights", combined_w, rec["combined_topk_weights"])
-    names = (
-        "rank_prefix_matrix",
-        "channel_prefix_matrix",
-        "recv_channel_prefix_matrix",
-        "recv_src_idx",
-        "is_token_in_rank",
-        "send_head",
-    )
-    for name, got in zip(names, handle, strict=True):  # recorded after combine (send_head rewritten)
-        chk.eq(f"handle.{name}", got, rec["handle"][name])
-    cached = buf.dispatch(x, handle=handle)[0]
-    chk.eq("cached_recv_x", cached, rec["cached_recv_x"])
+def _get(d: dict, key: str) -> Any:
+    return d[key] if isinstance(d, dict) and key in d else MISSING
 
 
-def _v2_handle_scalars(chk: _Checker, handle: object, rec: dict) -> None:
-    for name in (
-        "do_expand",
-        "num_experts",
-        "expert_alignment",
-        "num_max_tokens_per_rank",
-        "num_sms",
-        "num_recv_tokens",
-        "num_expanded_tokens",
-        "num_recv_tokens_per_expert_list",
-        "psum_num_recv_tokens_per_scaleup_rank",
-        "psum_num_recv_tokens_per_expert",
-        "num_unaligned_recv_tokens_per_expert",
-    ):
-        chk.eq(f"handle.{name}", getattr(handle, name), rec["handle"][name])
-    _check_dst_slots(chk, handle.dst_buffer_slot_idx, rec["handle"]["dst_buffer_slot_idx"])
-
-
-def _check_v2(
-    chk: _Checker,
-    group: dist.ProcessGroup,
-    case: dict,
-    key: str,
-    x: torch.Tensor,
-    topk_idx: torch.Tensor,
-    topk_weights: torch.Tensor,
-) -> None:
-    rec, meta = case[key], case["case"]
-    buf = ElasticBuffer(group, deterministic=key == "v2_det", **V2_KWARGS)
-    kwargs = {
-        "num_experts": meta["num_experts"],
-        "num_max_tokens_per_rank": 128,
-        "expert_alignment": meta["expert_alignment"],
-    }
-    try:
-        recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, topk_idx, topk_weights, **kwargs)
-        combined_x, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
-        cached = buf.dispatch(x, handle=handle, num_experts=meta["num_experts"])[0]
-    except Exception as exc:  # noqa: BLE001 - compared with the recorded error
-        got_error = f"{type(exc).__name__}: {exc}"
-        if "error" not in rec:
-            chk.fail("error", f"unexpected {got_error}")
-        elif not got_error.startswith(rec["error"]):
-            chk.fail("error", f"got {got_error!r}, expected {rec['error']!r}")
-        else:
-            chk.eq("error", True, True)
+# ------------------------------------------------------------------------------------------ comparisons
+def compare_v1(chk: _Checker, got: dict, rec: dict) -> None:
+    """A V1 result: every recorded field byte for byte (V1's order is defined: source rank, source token)."""
+    if not _errors_agree(chk, got, rec):
         return
-    if "error" in rec:
-        chk.fail("error", f"no exception, expected {rec['error']!r}")
+    for name, expected in rec.items():
+        if name in ("layout", "handle", "shapes") and isinstance(expected, dict):
+            for sub, value in expected.items():
+                chk.eq(f"{name}.{sub}", _get(_get(got, name), sub), value)
+        elif name != "kind":
+            chk.eq(name, _get(got, name), expected)
+
+
+def _v2_rows(chk: _Checker, name: str, got: Any, exp: Any, go: torch.Tensor, eo: torch.Tensor) -> None:
+    if isinstance(got, torch.Tensor) and isinstance(exp, torch.Tensor) and got.shape[:1] == exp.shape[:1]:
+        chk.eq(name, got.cpu()[go], exp[eo])
+    else:
+        chk.eq(name, got, exp)
+
+
+#: Per-row fields of a V2 dispatch result: compared in source order.
+V2_ROW_FIELDS = ("recv_x", "recv_sf", "recv_topk_idx", "recv_topk_weights", "cached_recv_x")
+
+
+def _metadata(chk: _Checker, got: dict, rec: dict,
+              order_of: tuple[Any, dict] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (got, recorded) ``recv_src_metadata`` that order a V2 result's rows (``order_of``: the handles of the
+    dispatch a cached one reused); None, the difference noted, when the calls raised or the rows differ."""
+    if not _errors_agree(chk, got, rec):
+        return None
+    got_handle, rec_handle = order_of if order_of else (_get(got, "handle"), rec["handle"])
+    got_meta, exp_meta = _get(got_handle, "recv_src_metadata"), rec_handle["recv_src_metadata"]
+    if not isinstance(got_meta, torch.Tensor) or got_meta.shape[0] != exp_meta.shape[0]:
+        chk.eq("handle.recv_src_metadata", got_meta, exp_meta)
+        return None
+    return got_meta.cpu(), exp_meta
+
+
+def compare_v2(chk: _Checker, got: dict, rec: dict, deterministic: bool = False,
+               order_of: tuple[dict, dict] | None = None) -> None:
+    """A V2 non-expand result.  The default V2 order is arrival order: per-row fields are compared in source order
+    (rows keyed by ``recv_src_metadata[:, 0]``, the source token's global index; ``order_of``: the (got, recorded)
+    results whose handle ordered a cached dispatch's rows); metadata columns 2.. (stale in non-expand mode) and
+    ``dst_buffer_slot_idx`` values (arrival slots) are compared as masks and sets; everything else byte for byte."""
+    metas = _metadata(chk, got, rec, order_of)
+    if metas is None:
         return
-    got_meta, exp_meta = handle.recv_src_metadata.cpu(), rec["handle"]["recv_src_metadata"]
-    # default V2 order is arrival order: compare rows keyed by source global index
+    got_meta, exp_meta = metas
     go, eo = _order_by_key(got_meta), _order_by_key(exp_meta)
-    if key == "v2_det":
+    if deterministic:
         chk.eq("order_equals_v1", torch.equal(got_meta[:, 0], exp_meta[:, 0]), True)
-    chk.eq("recv_x", recv_x.cpu()[go], rec["recv_x"][eo])
-    chk.eq("recv_topk_idx", recv_idx.cpu()[go], rec["recv_topk_idx"][eo])
-    chk.eq("recv_topk_weights", recv_w.cpu()[go], rec["recv_topk_weights"][eo])
-    chk.eq("handle.recv_src_metadata[:, :2]", got_meta[go, :2], exp_meta[eo, :2])
-    _v2_handle_scalars(chk, handle, rec)
-    chk.eq("combined_x", combined_x, rec["combined_x"])
-    chk.eq("combined_topk_weights", combined_w, rec["combined_topk_weights"])
-    chk.eq("cached_recv_x", cached.cpu()[go], rec["cached_recv_x"][eo])
+    for name, expected in rec.items():
+        if name in V2_ROW_FIELDS:
+            _v2_rows(chk, name, _get(got, name), expected, go, eo)
+        elif name == "handle":
+            _compare_v2_handle(chk, _get(got, "handle"), expected, go, eo)
+        elif name not in ("kind", "after"):
+            chk.eq(name, _get(got, name), expected)
+
+
+def _compare_v2_handle(chk: _Checker, got: Any, rec: dict, go: torch.Tensor, eo: torch.Tensor) -> None:
+    for name in V2_SCALARS:
+        chk.eq(f"handle.{name}", _get(got, name), rec[name])
+    meta = _get(got, "recv_src_metadata")
+    chk.eq("handle.recv_src_metadata[:, :2]", meta[go, :2] if isinstance(meta, torch.Tensor) else meta,
+           rec["recv_src_metadata"][eo, :2])
+    _compare_dst_slots(chk, got, rec)
+
+
+def _compare_dst_slots(chk: _Checker, got_handle: Any, rec_handle: dict) -> None:
+    slots = _get(got_handle, "dst_buffer_slot_idx")
+    if isinstance(slots, torch.Tensor):
+        _check_dst_slots(chk, slots, rec_handle["dst_buffer_slot_idx"])
+    else:
+        chk.eq("handle.dst_buffer_slot_idx", slots, rec_handle["dst_buffer_slot_idx"])
 
 
 def _expanded_rows(meta: torch.Tensor, table: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
@@ -217,62 +260,251 @@ def _expanded_rows(meta: torch.Tensor, table: torch.Tensor) -> dict[tuple[int, i
     return rows
 
 
-def _check_v2_expand(
-    chk: _Checker,
-    group: dist.ProcessGroup,
-    case: dict,
-    x: torch.Tensor,
-    topk_idx: torch.Tensor,
-    topk_weights: torch.Tensor,
-) -> None:
-    rec, meta = case["v2_expand"], case["case"]
+def _per_slot(chk: _Checker, name: str, got_t: Any, exp_t: torch.Tensor, got_meta: torch.Tensor,
+              exp_meta: torch.Tensor) -> None:
+    """An expand-mode table compared per (source token, top-k slot): the row each slot points to."""
+    if not isinstance(got_t, torch.Tensor):
+        chk.eq(name, got_t, exp_t)
+        return
+    got_rows, exp_rows = _expanded_rows(got_meta.cpu(), got_t.cpu()), _expanded_rows(exp_meta, exp_t)
+    keys = sorted(exp_rows)
+    if sorted(got_rows) != keys:
+        chk.fail(f"{name}[per (token, slot)]", "different (token, slot) keys")
+        return
+    got_stack = torch.stack([got_rows[k] for k in keys]) if keys else got_t[:0].cpu()
+    exp_stack = torch.stack([exp_rows[k] for k in keys]) if keys else exp_t[:0]
+    chk.eq(f"{name}[per (token, slot)]", got_stack, exp_stack)
+
+
+def _padding_rows(meta: torch.Tensor, rows: int) -> torch.Tensor:
+    """The rows of an expanded table no (token, slot) points to."""
+    used = torch.zeros(rows, dtype=torch.bool)
+    slots = meta[:, 2:].reshape(-1).to(torch.int64)
+    used[slots[slots >= 0]] = True
+    return torch.nonzero(~used).flatten()
+
+
+def compare_v2_expand(chk: _Checker, got: dict, rec: dict, order_of: tuple[dict, dict] | None = None) -> None:
+    """A V2 expand-mode result: tables per (source token, top-k slot), metadata rows in source order, the slots
+    inside their experts' segments; with ``zero_padding`` the rows no slot points to are all zero bytes."""
+    metas = _metadata(chk, got, rec, order_of)
+    if metas is None:
+        return
+    got_meta, exp_meta = metas
+    for name, expected in rec.items():
+        if name in ("recv_x", "recv_sf", "recv_topk_weights") and isinstance(expected, torch.Tensor):
+            got_t = _get(got, name)
+            chk.eq(f"{name}.shape", tuple(got_t.shape) if isinstance(got_t, torch.Tensor) else got_t,
+                   tuple(expected.shape))
+            _per_slot(chk, name, got_t, expected, got_meta, exp_meta)
+        elif name == "handle":
+            handle = _get(got, "handle")
+            for scalar in V2_SCALARS:
+                chk.eq(f"handle.{scalar}", _get(handle, scalar), expected[scalar])
+            _compare_dst_slots(chk, handle, expected)
+            go, eo = _order_by_key(got_meta), _order_by_key(exp_meta)
+            chk.eq("handle.recv_src_metadata[:, :2]", got_meta[go, :2], exp_meta[eo, :2])
+            chk.eq("handle.recv_src_metadata[:, 2:].mask", got_meta[go, 2:] >= 0, exp_meta[eo, 2:] >= 0)
+            chk.eq("expand_slots_inside_expert_segments", _slots_inside_segments(got_meta, handle), True)
+        elif name not in ("kind", "after"):
+            chk.eq(name, _get(got, name), expected)
+    if rec.get("zero_padding") and isinstance(_get(got, "recv_x"), torch.Tensor):
+        for who, table, meta in (("got", got["recv_x"].cpu(), got_meta), ("recorded", rec["recv_x"], exp_meta)):
+            pad = table[_padding_rows(meta, table.shape[0])]
+            chk.eq(f"recv_x.padding_rows_zero ({who})", bool((_bytes(pad) == 0).all()), True)
+
+
+def _slots_inside_segments(meta: torch.Tensor, handle: Any) -> bool:
+    """Every slot lies inside its expert's segment [aligned start, start + raw count)."""
+    psum, raw = _get(handle, "psum_num_recv_tokens_per_expert"), _get(handle, "num_unaligned_recv_tokens_per_expert")
+    if not (isinstance(psum, torch.Tensor) and isinstance(raw, torch.Tensor)):
+        return False
+    starts = (psum - raw).cpu().tolist()
+    segments = list(zip(starts, raw.cpu().tolist(), strict=True))
+    return all(any(s <= slot < s + c for s, c in segments) for row in meta.tolist() for slot in row[2:] if slot >= 0)
+
+
+def compare_case(got: dict, rec: dict, prefix: str, checked: list[str] | None = None) -> Mismatches:
+    """One case of the old format (``v1``, ``v2``, ``v2_det``, ``v2_expand``, and its inputs when ``got`` holds
+    them): ``{field: problem}``."""
+    mismatches: Mismatches = {}
+    chk = _Checker(prefix, checked)
+    for name in ("case", "x", "topk_idx", "topk_weights"):
+        if name in got:
+            chk.eq(f"inputs.{name}", got[name], rec[name])
+    mismatches.update(chk.mismatches)
+    for key, compare in (("v1", compare_v1), ("v2", compare_v2),
+                         ("v2_det", functools.partial(compare_v2, deterministic=True)),
+                         ("v2_expand", compare_v2_expand)):
+        chk = _Checker(f"{prefix}.{key}", checked)
+        compare(chk, got[key], rec[key])
+        mismatches.update(chk.mismatches)
+    return mismatches
+
+
+def compare_errors(chk: _Checker, got: dict[str, tuple[str, str]], rec: dict, returned: dict | None = None) -> None:
+    """Recorded errors ``{name: (exception type, message)}``: the same type and message; ``returned``: the calls
+    that did not raise (a recorded error they did not raise is a mismatch)."""
+    returned = returned or {}
+    for name, (exc_type, message) in rec.items():
+        if name in got:
+            chk.eq(f"{name}.type", got[name][0], exc_type)
+            chk.eq(f"{name}.message", got[name][1], message)
+        elif name in returned:
+            chk.fail(name, f"no exception (returned {returned[name]}), expected {exc_type}: {message}")
+        else:
+            chk.fail(name, "no emulated trigger for this recorded error")
+
+
+def _compare_ll_dispatch(chk: _Checker, got: dict, rec: dict) -> None:
+    """A low-latency dispatch: per local expert, the valid rows in (source rank, source token) order (the real
+    kernel places each source rank's block, and the tokens in it, in arrival order); the block counts of
+    ``layout_range`` (low 32 bits) byte for byte, its begin offsets (arrival order) not."""
+    for name, expected in rec.items():
+        if name in ("recv_x_valid", "recv_x_scales_valid", "src_info_valid"):
+            got_t = _get(got, name)
+            if not isinstance(got_t, torch.Tensor) or got_t.shape[:1] != expected.shape[:1]:
+                chk.eq(name, got_t, expected)
+                continue
+            chk.eq(f"{name}[by source]", got_t[_ll_order(got)], expected[_ll_order(rec)])
+        elif name == "layout_range":
+            got_t = _get(got, name)
+            chk.eq("layout_range.counts", got_t & 0xFFFFFFFF if isinstance(got_t, torch.Tensor) else got_t,
+                   expected & 0xFFFFFFFF)
+        elif name != "kind":
+            chk.eq(name, _get(got, name), expected)
+
+
+def _ll_order(run: dict) -> torch.Tensor:
+    """The permutation of a low-latency dispatch's valid rows into (local expert, source rank, source token)."""
+    keys, offset = [], 0
+    counts, layout, src = run["recv_count"].tolist(), run["layout_range"].tolist(), run["src_info_valid"].tolist()
+    for e, n in enumerate(counts):
+        blocks = [((v >> 32), v & 0xFFFFFFFF) for v in layout[e]]
+        for j in range(n):
+            source = next((s for s, (b, c) in enumerate(blocks) if b <= j < b + c), -1)
+            keys.append((e, source, src[offset + j], offset + j))
+        offset += n
+    return torch.tensor([k[-1] for k in sorted(keys)], dtype=torch.int64)
+
+
+def _compare_exact(chk: _Checker, got: dict, rec: dict) -> None:
+    for name, expected in rec.items():
+        if name != "kind":
+            chk.eq(name, _get(got, name), expected)
+
+
+def _compare_errors_run(chk: _Checker, got: dict, rec: dict) -> None:
+    compare_errors(chk, _get(got, "errors") if "errors" in got else {}, rec["errors"], got.get("returned"))
+    for name, what in rec["returned"].items():
+        if name in got.get("errors", {}):
+            chk.fail(name, f"raised {got['errors'][name]}, expected no exception (returned {what})")
+        else:
+            chk.eq(f"{name}.returned", _get(got.get("returned", {}), name), what)
+
+
+def compare_run(chk: _Checker, got: dict, rec: dict, got_runs: dict, rec_runs: dict) -> None:
+    """One run of a ``fixtures/record.py`` section, by its ``kind`` (see each comparison)."""
+    kind = rec.get("kind")
+    if not _errors_agree(chk, got, rec):
+        return
+    if _get(got, "kind") != kind:
+        chk.fail("kind", f"got {_get(got, 'kind')!r}, expected {kind!r}")
+        return
+    after = rec.get("after")
+    order_of = (_get(_get(got_runs, after), "handle"), rec_runs[after]["handle"]) if after else None
+    if kind == "v2_cached" and after and "do_expand" in rec_runs[after]["handle"]:
+        expand = bool(rec_runs[after]["handle"]["do_expand"])
+        (compare_v2_expand if expand else compare_v2)(chk, got, rec, order_of=order_of)
+        return
+    compares: dict[str, Callable[[_Checker, dict, dict], None]] = {
+        "v1_dispatch": compare_v1, "v2_dispatch": compare_v2, "v2_expand": compare_v2_expand,
+        "ll_dispatch": _compare_ll_dispatch, "ll_combine": _compare_exact, "value": _compare_exact,
+        "errors": _compare_errors_run}
+    if kind not in compares:
+        chk.fail("kind", f"no comparison for runs of kind {kind!r}")
+        return
+    compares[kind](chk, got, rec)
+
+
+def compare_section(got: dict, rec: dict, prefix: str, checked: list[str] | None = None) -> Mismatches:
+    """Every recorded run of one section (``rec['runs']``) against ``got`` (a section record or its runs)."""
+    got_runs, rec_runs = got.get("runs", got), rec["runs"]
+    chk = _Checker(prefix, checked)
+    for name in ("inputs",):
+        if name in got:
+            chk.eq(name, got[name], rec[name])
+    for name, run in rec_runs.items():
+        sub = chk.sub(name)
+        if name not in got_runs:
+            sub.fail("run", "not run")
+            continue
+        compare_run(sub, got_runs[name], run, got_runs, rec_runs)
+    return chk.mismatches
+
+
+# ------------------------------------------------------------------------ the replay's own calls (old cases)
+def _cpu(t: Any) -> Any:
+    return t.detach().cpu() if isinstance(t, torch.Tensor) else t
+
+
+def _run_v1(group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> dict:
+    buf = Buffer(group, num_nvl_bytes=1 << 30)
+    per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, meta["num_experts"])
+    recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_rdma,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+        expert_alignment=meta["expert_alignment"],
+    )
+    combined_x, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+    handle_after_combine = dict(zip(V1_HANDLE, (_cpu(t).clone() for t in handle), strict=True))  # send_head rewritten
+    layout = {"num_tokens_per_rank": per_rank, "num_tokens_per_rdma_rank": per_rdma,
+              "num_tokens_per_expert": per_expert, "is_token_in_rank": in_rank}
+    return {"layout": {k: _cpu(v) for k, v in layout.items()}, "recv_x": _cpu(recv_x), "recv_topk_idx": _cpu(recv_idx),
+            "recv_topk_weights": _cpu(recv_w), "num_recv_tokens_per_expert_list": counts,
+            "combined_x": _cpu(combined_x), "combined_topk_weights": _cpu(combined_w), "handle": handle_after_combine,
+            "cached_recv_x": _cpu(buf.dispatch(x, handle=handle)[0])}
+
+
+def _v2_handle_dict(handle: Any) -> dict:
+    return {name: _cpu(getattr(handle, name)) for name in (*V2_SCALARS, "recv_src_metadata", "dst_buffer_slot_idx")}
+
+
+def _run_v2(group: dist.ProcessGroup, meta: dict, key: str, x: torch.Tensor, idx: torch.Tensor,
+            w: torch.Tensor) -> dict:
+    buf = ElasticBuffer(group, deterministic=key == "v2_det", **V2_KWARGS)
+    kwargs = {"num_experts": meta["num_experts"], "num_max_tokens_per_rank": 128,
+              "expert_alignment": meta["expert_alignment"]}
+    try:
+        recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(x, idx, w, **kwargs)
+        combined_x, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
+        cached = buf.dispatch(x, handle=handle, num_experts=meta["num_experts"])[0]
+    except Exception as exc:  # noqa: BLE001 - compared with the recorded error
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"recv_x": _cpu(recv_x), "recv_topk_idx": _cpu(recv_idx), "recv_topk_weights": _cpu(recv_w),
+            "handle": _v2_handle_dict(handle), "combined_x": _cpu(combined_x),
+            "combined_topk_weights": _cpu(combined_w), "cached_recv_x": _cpu(cached)}
+
+
+def _run_v2_expand(group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor,
+                   w: torch.Tensor) -> dict:
     buf = ElasticBuffer(group, **V2_KWARGS)
     recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(
         x,
-        topk_idx,
-        topk_weights,
+        idx,
+        w,
         num_experts=meta["num_experts"],
         num_max_tokens_per_rank=128,
         expert_alignment=meta["expert_alignment"],
         do_expand=True,
     )
-    chk.eq("recv_topk_idx", recv_idx, rec["recv_topk_idx"])
-    chk.eq("recv_x.shape", tuple(recv_x.shape), tuple(rec["recv_x"].shape))
-    chk.eq("recv_topk_weights.shape", tuple(recv_w.shape), tuple(rec["recv_topk_weights"].shape))
-    _v2_handle_scalars(chk, handle, rec)
-    got_meta, exp_meta = handle.recv_src_metadata.cpu(), rec["handle"]["recv_src_metadata"]
-    go, eo = _order_by_key(got_meta), _order_by_key(exp_meta)
-    chk.eq("handle.recv_src_metadata[:, :2]", got_meta[go, :2], exp_meta[eo, :2])
-    chk.eq("handle.recv_src_metadata[:, 2:].mask", got_meta[go, 2:] >= 0, exp_meta[eo, 2:] >= 0)
-    # per (source token, top-k slot): the expanded row's bytes and weight
-    for name, got_t, exp_t in (
-        ("recv_x", recv_x.cpu(), rec["recv_x"]),
-        ("recv_topk_weights", recv_w.cpu(), rec["recv_topk_weights"]),
-    ):
-        got_rows, exp_rows = _expanded_rows(got_meta, got_t), _expanded_rows(exp_meta, exp_t)
-        keys = sorted(exp_rows)
-        if sorted(got_rows) != keys:
-            chk.fail(f"{name}[per (token, slot)]", "different (token, slot) keys")
-            continue
-        got_stack = torch.stack([got_rows[k] for k in keys]) if keys else got_t[:0]
-        exp_stack = torch.stack([exp_rows[k] for k in keys]) if keys else exp_t[:0]
-        chk.eq(f"{name}[per (token, slot)]", got_stack, exp_stack)
-    # every slot lies inside its expert's segment [aligned start, start + raw count)
-    psum, raw = (
-        handle.psum_num_recv_tokens_per_expert.cpu(),
-        handle.num_unaligned_recv_tokens_per_expert.cpu(),
-    )
-    starts = psum - raw
-    idx = topk_idx.cpu()
-    del idx
-    ok = True
-    for row in got_meta.tolist():
-        for slot in row[2:]:
-            if slot >= 0 and not any(
-                int(s) <= slot < int(s) + int(c) for s, c in zip(starts, raw, strict=True)
-            ):
-                ok = False
-    chk.eq("expand_slots_inside_expert_segments", ok, True)
+    return {"recv_x": _cpu(recv_x), "recv_topk_idx": _cpu(recv_idx), "recv_topk_weights": _cpu(recv_w),
+            "handle": _v2_handle_dict(handle)}
 
 
 def replay_recorded_case(
@@ -293,18 +525,14 @@ def replay_recorded_case(
     group = group or dist.group.WORLD
     case = load_recording(group.rank(), fixtures_dir)["cases"][case_name]
     x, topk_idx, topk_weights = (case[k].to(device) for k in ("x", "topk_idx", "topk_weights"))
-    mismatches: Mismatches = {}
-    runs: list[tuple[str, Callable[[_Checker], None]]] = [
-        ("v1", lambda c: _check_v1(c, group, case, x, topk_idx, topk_weights)),
-        ("v2", lambda c: _check_v2(c, group, case, "v2", x, topk_idx, topk_weights)),
-        ("v2_det", lambda c: _check_v2(c, group, case, "v2_det", x, topk_idx, topk_weights)),
-        ("v2_expand", lambda c: _check_v2_expand(c, group, case, x, topk_idx, topk_weights)),
-    ]
-    for api, run in runs:
-        chk = _Checker(f"{case_name}.{api}", checked)
-        run(chk)
-        mismatches.update(chk.mismatches)
-    return mismatches
+    meta = case["case"]
+    got = {
+        "v1": _run_v1(group, meta, x, topk_idx, topk_weights),
+        "v2": _run_v2(group, meta, "v2", x, topk_idx, topk_weights),
+        "v2_det": _run_v2(group, meta, "v2_det", x, topk_idx, topk_weights),
+        "v2_expand": _run_v2_expand(group, meta, x, topk_idx, topk_weights),
+    }
+    return compare_case(got, case, case_name, checked)
 
 
 def replay_recorded_errors(
@@ -338,22 +566,58 @@ def replay_recorded_errors(
         "v1_int32_topk_idx": lambda: v1.get_dispatch_layout(topk_idx.int(), num_experts),
         "v1_odd_num_sms": lambda: Buffer.set_num_sms(21),
     }
+    raised, returned = {}, {}
+    for name in rec["errors"]:
+        if name in calls:
+            try:
+                calls[name]()
+                returned[name] = "returned normally"
+            except Exception as exc:  # noqa: BLE001 - compared with the recorded error
+                raised[name] = (type(exc).__name__, str(exc))
     chk = _Checker("errors", checked)
-    for name, (exc_type, message) in rec["errors"].items():
-        if name not in calls:
-            chk.fail(name, "no emulated trigger for this recorded error")
-            continue
-        try:
-            calls[name]()
-        except Exception as exc:  # noqa: BLE001 - compared with the recorded error
-            chk.eq(f"{name}.type", type(exc).__name__, exc_type)
-            chk.eq(f"{name}.message", str(exc), message)
-        else:
-            chk.fail(name, f"no exception, expected {exc_type}: {message}")
+    compare_errors(chk, raised, rec["errors"], returned)
     # the buffer stays usable after the QP refusal
     recv_x = v2.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)[0]
     chk.eq("v2_usable_after_errors.num_rows", recv_x.shape[0], case["v2"]["recv_x"].shape[0])
     return chk.mismatches
+
+
+def recorded_section_status(section_id: str, fixtures_dir: str | None = None) -> str | None:
+    """``None`` when rank 0 of the recording holds ``section_id`` replayably; otherwise why not (the reason a test
+    that would replay it is skipped with)."""
+    root = fixtures_root(fixtures_dir)
+    rec = load_recording(0, fixtures_dir)
+    sections = rec.get("sections", {})
+    if section_id not in sections:
+        return (f"no real recording of section {section_id!r} exists yet ({root} has no 'sections' entry for it; "
+                f"make one with fixtures/record.py, docs/real-runs/README.md): nothing checked")
+    section = sections[section_id]
+    if section.get("status") != "ok":
+        return (f"the recording {root} holds section {section_id!r} as {section.get('status')!r} "
+                f"({section.get('error') or section.get('skipped')}): nothing to replay")
+    return None
+
+
+def replay_recorded_section(
+    section_id: str,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | str = "cpu",
+    fixtures_dir: str | None = None,
+    checked: list[str] | None = None,
+) -> Mismatches:
+    """Replay one section of ``fixtures/record.py`` on this rank: its calls with ``conformance.emulation`` as the
+    module under test, on the recorded inputs; compare every recorded run (:func:`compare_section`)."""
+    import conformance.emulation as emulation
+
+    group = group or dist.group.WORLD
+    rec = load_recording(group.rank(), fixtures_dir)["sections"][section_id]
+    recorder = load_recorder()
+    ctx = recorder.Context(emulation, group, group.rank(), group.size(), torch.device(device))
+    try:
+        got = recorder.SECTIONS[section_id].run(ctx, rec["inputs"])
+    finally:
+        ctx.close()
+    return compare_section(got, rec, section_id, checked)
 
 
 def main() -> int:
@@ -373,6 +637,12 @@ def main() -> int:
     for name in recorded_case_names():
         failures.update(replay_recorded_case(name, device=device, checked=checked))
     failures.update(replay_recorded_errors(device=device, checked=checked))
+    for section_id in recorder_section_ids():
+        reason = recorded_section_status(section_id)
+        if reason:
+            print(f"rank {dist.get_rank()}: {section_id}: skipped: {reason}")
+        else:
+            failures.update(replay_recorded_section(section_id, device=device, checked=checked))
     print(f"rank {dist.get_rank()} on {device}: {len(checked)} fields checked, {len(failures)} mismatches")
     for key, problem in failures.items():
         print(f"  {key}: {problem}")

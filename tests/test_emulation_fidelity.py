@@ -4,6 +4,11 @@ Every recorded case is replayed on a 2-rank gloo world (CPU) and every recorded 
 byte (``tests.replay``); the recorded errors are re-triggered; a Megatron-style integrator
 (``fused_a2a.py``) runs unchanged against ``import conformance.emulation as deep_ep``.
 
+Every section ``fixtures/record.py`` records beyond the old format (FP8, worst-case, V2 options, low-latency, bad
+calls) has a test of its own: where the real recording holds it, it is replayed against the emulation; where it does
+not (``fixtures/deepep-real`` has none of them yet), the test is SKIPPED with that reason and checks nothing.  Point
+``DEEPEP_REAL_FIXTURES`` at a newer recording (``fixtures/deepep-real-<date>``) to replay it instead.
+
 The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU).
 """
 
@@ -28,6 +33,11 @@ JOBS = [(f"case:{name}", "tests.replay:replay_recorded_case", (name,)) for name 
     ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", ()),
 ]
 MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_trip", ())]
+SECTIONS = replay.recorder_section_ids()
+#: Why a section is not replayed (no real recording of it, or one that holds an error); absent when it is.
+SECTION_SKIPS = {sid: reason for sid in SECTIONS if (reason := replay.recorded_section_status(sid))}
+JOBS += [(f"section:{sid}", "tests.replay:replay_recorded_section", (sid,)) for sid in SECTIONS
+         if sid not in SECTION_SKIPS]
 
 
 # ------------------------------------------------------------------------------------------ rank side
@@ -226,7 +236,7 @@ def _assert_clean(world_results: list[dict], name: str) -> None:
     for rank, results in enumerate(world_results):
         res = results[name]
         assert "exception" not in res, f"rank {rank} raised in {name}:\n{res['exception']}"
-        assert res["checked"] or not name.startswith(("case:", "errors")), (
+        assert res["checked"] or not name.startswith(("case:", "errors", "section:")), (
             f"rank {rank}: nothing checked in {name}"
         )
         assert not res["mismatches"], f"rank {rank} {name}: " + "\n".join(
@@ -237,6 +247,14 @@ def _assert_clean(world_results: list[dict], name: str) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_recorded_case_matches_byte_for_byte(world_results: list[dict], case: str) -> None:
     _assert_clean(world_results, f"case:{case}")
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_recorded_section_matches(section: str, request: pytest.FixtureRequest) -> None:
+    """A section of ``fixtures/record.py``: replayed where the real recording has it, else skipped with the reason."""
+    if section in SECTION_SKIPS:
+        pytest.skip(SECTION_SKIPS[section])
+    _assert_clean(request.getfixturevalue("world_results"), f"section:{section}")
 
 
 def test_recorded_errors_match(world_results: list[dict]) -> None:
