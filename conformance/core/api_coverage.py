@@ -275,8 +275,9 @@ def per_property_calls(reports: Iterable[dict[str, Any]]) -> dict[str, dict[str,
 
 def report_section(per_property: dict[str, dict[str, Any]], snapshot: dict[str, Any] | None = None,
                    exclusions: dict[str, Exclusion] | None = None) -> dict[str, Any]:
-    """The ``api_coverage`` section of conformance.json: per item, the properties that exercised it (or whose calls
-    with it only raised) and its exclusion; the counts; what is missing, stale or unknown."""
+    """The ``api_coverage`` section of conformance.json: the counts; per exercised item the properties; per excluded
+    one (itself, or a method with its parameters) the category (the reason is in ``coverage.toml``); what is
+    missing, given only in calls that raised, given only by :data:`ACCEPTANCE_ONLY` properties, stale or unknown."""
     error = None
     if exclusions is None:
         try:
@@ -285,18 +286,16 @@ def report_section(per_property: dict[str, dict[str, Any]], snapshot: dict[str, 
             error, exclusions = f"{type(exc).__name__}: {exc}", {}
     coverage = judge(snapshot or load_snapshot(), per_property, exclusions)
     return {
-        "surface": f"deep_ep 2.1.0 ({SNAPSHOT.name})",
+        "surface": SNAPSHOT.name,
         "exclusions": EXCLUSIONS.name,
         "exclusions_error": error,
         "summary": coverage.summary(),
-        "accepted_only": [r.item.name for r in coverage.rows if r.accepted_only],
-        "items": {r.item.name: {"status": r.status, "exercised_by": r.exercised_by, "refused_in": r.refused_in,
-                                **({"called_from": r.called_from} if r.item.param is None else {}),
-                                "excluded": None if r.excluded is None else
-                                {"category": r.excluded.category, "reason": r.excluded.reason,
-                                 "with_method": r.excluded_with_method}}
-                  for r in coverage.rows},
+        "exercised": {r.item.name: r.exercised_by for r in coverage.rows if r.exercised_by},
+        "excluded": {r.item.name: r.excluded.category for r in coverage.rows
+                     if r.excluded is not None and not r.exercised_by and not r.excluded_with_method},
         "missing": coverage.missing,
+        "refused_only": {r.item.name: r.refused_in for r in coverage.rows if r.refused_in and not r.exercised_by},
+        "accepted_only": [r.item.name for r in coverage.rows if r.accepted_only],
         "stale": coverage.stale,
         "unknown": coverage.unknown,
     }

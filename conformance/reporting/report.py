@@ -689,7 +689,7 @@ def _coverage_lines(document: dict[str, Any]) -> list[str]:
         return []
     counts = coverage["summary"]
     partial = "" if document.get("complete", True) else " (a partial run)"
-    lines = ["", f"## API coverage ({coverage['surface']})", "",
+    lines = ["", f"## API coverage (the recorded DeepEP 2.1.0 surface, {coverage['surface']})", "",
              f"Measured from the library calls the properties made{partial}: {counts['items']} methods and "
              f"keywords, {counts['exercised']} exercised, {counts['excluded']} "
              f"excluded ({coverage['exclusions']}), {counts['missing']} neither. Table: "
