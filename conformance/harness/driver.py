@@ -66,8 +66,12 @@ def run_property(session: Any, prop: Property) -> None:
     session.collect_api_calls(keep=False)  # the construction preflight's calls are no property's
     try:
         _draw(session, prop, configured, recorder, budget)
-    finally:
-        session.collect_api_calls()  # the library calls this property made (api_calls of its report entry)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: stop at once, collect nothing
+        raise
+    except BaseException:  # a failure or pytest's fail/skip: the calls made so far are still this property's
+        session.collect_api_calls()
+        raise
+    session.collect_api_calls()  # the library calls this property made (api_calls of its report entry)
     if broken_message:
         pytest.fail(broken_message, pytrace=False)
 
