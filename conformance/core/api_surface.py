@@ -33,12 +33,13 @@ CLASSES = ("Buffer", "ElasticBuffer", "EPHandle", "EventOverlap")
 DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
 #: Probe keys compared (``EventOverlap`` as the location relative to the package, e.g. ``.utils``).
 PROBE_KEYS = ("Buffer", "ElasticBuffer", "EventOverlap")
-#: Public methods of the real classes outside the contract (low-latency kernels, raw buffers, Engram, PP,
-#: AGRS, the deterministic epilogue): not snapshotted, and not reported when present.
+#: Public methods of the real classes (docs/real-runs/api-surface-real-2.1.0.json) whose signatures are not compared:
+#: Engram, PP, AGRS and the deterministic epilogue are outside the contract; the shrink-mode mask calls are
+#: transcribed in the signatures file but not emulated yet (remove their line here, then ``--write``, to compare
+#: them).  Not snapshotted, and not reported when present; the coverage self-test lists them as methods
+#: (conformance/data/api-surface/coverage.toml says why each one is not exercised).
 NOT_COVERED = {
-    "Buffer": ["clean_low_latency_buffer", "get_local_buffer_tensor", "get_next_low_latency_combine_buffer",
-               "low_latency_combine", "low_latency_dispatch", "low_latency_update_mask_buffer",
-               "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"],
+    "Buffer": ["low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"],
     "ElasticBuffer": ["agrs_get_inplace_tensor", "agrs_new_session", "agrs_set_config", "all_gather",
                       "create_agrs_session", "destroy_agrs_session", "engram_fetch", "engram_write",
                       "get_agrs_buffer_size_hint", "get_agrs_num_max_session_bytes", "get_engram_storage_size_hint",
@@ -126,8 +127,10 @@ def surface_of(module_name: str) -> dict[str, Any]:
     return surface
 
 
-def snapshot_from_signatures(path: Path = SIGNATURES) -> dict[str, Any]:
-    """The snapshot JSON built from a file of transcribed signatures (parsed, never imported)."""
+def snapshot_from_signatures(path: Path = SIGNATURES, include_not_covered: bool = False) -> dict[str, Any]:
+    """The snapshot JSON built from a file of transcribed signatures (parsed, never imported); the methods of
+    :data:`NOT_COVERED` transcribed there are left out unless ``include_not_covered`` (a self-test compares them
+    with the real library's too)."""
     tree = ast.parse(path.read_text())
     classes: dict[str, Any] = {}
     for node in tree.body:
@@ -136,6 +139,8 @@ def snapshot_from_signatures(path: Path = SIGNATURES) -> dict[str, Any]:
         methods: dict[str, Any] = {}
         for fn in node.body:
             if not isinstance(fn, ast.FunctionDef):
+                continue
+            if fn.name in NOT_COVERED.get(node.name, ()) and not include_not_covered:
                 continue
             static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in fn.decorator_list)
             args = fn.args

@@ -292,8 +292,9 @@ class Buffer(LowLatencyMixin):
             return torch.cuda.current_stream()
         return None
 
-    def get_local_buffer_tensor(self, *args: object, **kwargs: object) -> torch.Tensor:
-        """Not emulated: there is no raw communication buffer."""
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: torch.Size | None = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        """Not emulated: there is no raw communication buffer (the library's signature, legacy.py:201-205)."""
         raise NotImplementedError("deep_ep emulation: raw buffer tensors are not emulated")
 
     @staticmethod

@@ -63,6 +63,23 @@ def run_property(session: Any, prop: Property) -> None:
         pytest.fail(f"{property_id} not checked: the run spent its crash/hang budget ({budget.run_limit} world "
                     f"restarts); last cause: {describe_cause(budget.last_cause or {'kind': 'error'})}", pytrace=False)
     budget.start_property()
+    session.collect_api_calls(keep=False)  # the construction preflight's calls are no property's
+    try:
+        _draw(session, prop, configured, recorder, budget)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: stop at once, collect nothing
+        raise
+    except BaseException:  # a failure or pytest's fail/skip: the calls made so far are still this property's
+        session.collect_api_calls()
+        raise
+    session.collect_api_calls()  # the library calls this property made (api_calls of its report entry)
+    if broken_message:
+        pytest.fail(broken_message, pytrace=False)
+
+
+def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: Any) -> None:
+    """Check ``prop`` on its ``configured`` cases (an option's mode) or on Hypothesis' draws."""
+    __tracebackhide__ = True
+    property_id = prop.id
     config = session.config
 
     def check_one(case: Any) -> None:
@@ -109,5 +126,3 @@ def run_property(session: Any, prop: Property) -> None:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
-    if broken_message:
-        pytest.fail(broken_message, pytrace=False)

@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.backends.tracing import drain
+from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
 from conformance.core.spec import CAPABILITIES
 from conformance.core.views import Unsupported
@@ -43,6 +45,9 @@ class Recorder:
     known_defects: dict[str, dict[str, Any]] = field(default_factory=dict)  # entry id -> what this property saw
     first_failure_at: int | None = None  # examples checked when the first one failed (1: the first one did)
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
+    #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
+    #: for this property (``backends.tracing``; collected at its end: :meth:`Session.collect_api_calls`)
+    api_calls: set[tuple[Any, ...]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
 
     def as_dict(self) -> dict[str, Any]:
@@ -65,6 +70,7 @@ class Recorder:
             "known_defects": self.known_defects,
             "first_failure_at": self.first_failure_at,
             "failure_detail": self.failure_detail,
+            "api_calls": calls_as_json(self.api_calls),
             "wall_s": round(time.monotonic() - self.started, 3),
         }
 
@@ -246,6 +252,21 @@ class Session:
                     broken[backend.name] = cause_of(failure, backend.name)
             self._broken[self.mutant] = broken
         return self._broken[self.mutant]
+
+    def collect_api_calls(self, keep: bool = True) -> None:
+        """Hand over the library calls the ranks recorded since the last collection (``backends.tracing``, one small
+        task): into the recorder (``keep``), or forgotten (the construction preflight's, before a property draws).
+        A world that is not running has nothing to hand over; calls of ranks lost in a crash or hang are lost."""
+        world = self._world
+        if world is None or not world.alive:
+            return
+        try:
+            per_rank = world.run(drain, timeout=self.config.example_timeout_s)
+        except RankFailure:  # the world is retired; the property's own verdict says why
+            return
+        if keep:
+            for calls in per_rank:
+                self.recorder.api_calls.update(calls)
 
     # ------------------------------------------------------------------------------------- recording
     def record_unsupported(self, item: Unsupported, case: Any) -> None:

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.core.api_coverage import per_property_calls, report_section
 from conformance.harness.config import RunConfig
 from conformance.properties import sort_key
 from conformance.reporting.gate import compare
@@ -73,6 +74,7 @@ class PropertyEntry:
     failure_detail: dict[str, Any] | None = None  # what differs, as data (assertions.Mismatch)
     rerun: str | None = None  # pytest command: same seed, same example database (the counterexample comes first)
     blob: str | None = None  # Hypothesis' @reproduce_failure(...) line, when Hypothesis printed one
+    api_calls: dict[str, Any] = field(default_factory=dict)  # "Class.method" -> what its calls gave (api_coverage)
 
 
 def _worst(statuses: list[str]) -> str | None:
@@ -148,6 +150,7 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         known_defects=recorded.get("known_defects", {}),
         divergence_examples=recorded.get("divergence_examples", {}),
         first_failure_at=recorded.get("first_failure_at"),
+        api_calls=recorded.get("api_calls") or {},
     )
     if report.failed:
         entry.message = _failure_message(report)
@@ -408,6 +411,7 @@ def build_document(
         "summary": summarise(entries),
         "properties": [vars(e) for e in entries],
         "known_defects": known_defects or {"file": None, "deep_ep": None, "entries": []},
+        "api_coverage": report_section(per_property_calls([{"properties": [vars(e) for e in entries]}])),
     }
 
 
@@ -666,6 +670,7 @@ def markdown(document: dict[str, Any]) -> str:
             if info.get("capability_regression"):
                 lines += ["", f"Capability regression: {', '.join(info['accepted_by'])} accepted the same "
                           f"configurations (first rejected: `{info['example']}`)."]
+    lines += _coverage_lines(document)
     if "gate" in document:
         gate = document["gate"]
         verdict = "FAILED" if gate["regressions"] else "passed"
@@ -674,3 +679,24 @@ def markdown(document: dict[str, Any]) -> str:
         lines += [f"- reported {i}" for i in gate["improvements"]]
         lines += [f"- added {a}" for a in gate.get("additions", [])]
     return "\n".join(lines) + "\n"
+
+
+def _coverage_lines(document: dict[str, Any]) -> list[str]:
+    """The Markdown "API coverage" section: the counts, then every item missing, and every stale or unknown
+    exclusion (the full table: ``python -m conformance.core.api_coverage <this conformance.json>``)."""
+    coverage = document.get("api_coverage")
+    if not coverage:
+        return []
+    counts = coverage["summary"]
+    partial = "" if document.get("complete", True) else " (a partial run)"
+    lines = ["", f"## API coverage (the recorded DeepEP 2.1.0 surface, {coverage['surface']})", "",
+             f"Measured from the library calls the properties made{partial}: {counts['items']} methods and "
+             f"keywords, {counts['exercised']} exercised, {counts['excluded']} "
+             f"excluded ({coverage['exclusions']}), {counts['missing']} neither. Table: "
+             f"`python -m conformance.core.api_coverage {document.get('path') or 'conformance.json'}`."]
+    if coverage["missing"]:
+        lines += ["", "Neither exercised nor excluded: " + ", ".join(f"`{m}`" for m in coverage["missing"]) + "."]
+    for kind in ("stale", "unknown"):
+        if coverage[kind]:
+            lines += ["", f"{kind.capitalize()} exclusions: " + ", ".join(f"`{m}`" for m in coverage[kind]) + "."]
+    return lines
