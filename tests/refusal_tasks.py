@@ -14,9 +14,9 @@ def run_recipes(names: list[str], example_json: str, mutant: str | None = None) 
 
     example = Example.from_json(example_json)
     results = {}
-    with activate(mutant):
+    with activate(mutant), bad_calls.SharedBuffers() as shared:  # as P12 shares them
         for name in names:
-            results[name] = bad_calls.run(name, bad_calls.make_env(module, example))
+            results[name] = bad_calls.run(name, bad_calls.make_env(module, example, shared))
     return results
 
 
