@@ -6,6 +6,8 @@
 (b) On gloo worlds (1 node x 2 ranks, 2 nodes x 2 ranks for the internode / hybrid rows, 1 rank for the
     unsupported-rank rows) every emulated row's recipe raises on every rank with the row's exception type and
     message, without hanging, and its neighbour passes on every rank.
+    A rank-local refusal on one rank only raises everywhere and leaves the buffer usable (V2, V1 low latency);
+    the recipes' shared low-latency buffers are one at a time.
 (c) Rows are counted per status.
 (d) Every refusal mutant (conformance/mutation/mutants/refusals.py) changes what its row's recipe (a dropped
     refusal) or neighbour (a refusal of a valid call) does.
@@ -254,6 +256,79 @@ def test_a_rank_local_refusal_on_one_rank_raises_everywhere_and_leaves_the_buffe
     expected = [sum(int(((i.topk_idx >= 0) & (i.topk_idx // epr == rank)).any(1).sum()) for i in inputs)
                 for rank in range(example.world_size)]
     assert [got["after_rows"] for got in per_rank] == expected
+
+
+@pytest.mark.parametrize(("call", "row_id"), [("dispatch", "v1_ll_dispatch_1481"), ("combine", "v1_ll_combine_1623")])
+def test_a_rank_local_low_latency_refusal_on_one_rank_raises_everywhere_and_leaves_the_buffer_usable(
+        world_1x2, call: str, row_id: str) -> None:
+    """Low-latency token counts only rank 0 gets wrong: rank 0 raises the library's error, rank 1 PeerRefused (its
+    real counterpart would wait in the kernel), and the next dispatch and combine on the same buffer work."""
+    row = next(r for r in ROWS if r["id"] == row_id)
+    example = EXAMPLES["1x2"]
+    per_rank = world_1x2.run("tests.refusal_tasks:ll_rank_local_on_rank_0", example.to_json(), call,
+                             timeout=TIMEOUT_S)
+    (type0, message0), (type1, message1) = (got["raised"] for got in per_rank)
+    assert type0 == row["exception"] and message_matches(row, message0), per_rank[0]
+    assert type1 == "PeerRefused" and "rank(s) [0]" in message1, per_rank[1]
+    from conformance.core.example import build_all_inputs
+
+    epr = example.experts_per_rank
+    slots = [sum(int(((i.topk_idx >= 0) & (i.topk_idx // epr == rank)).sum()) for i in build_all_inputs(example))
+             for rank in range(example.world_size)]
+    assert [got["after_rows"] for got in per_rank] == slots
+    assert [got["combined_rows"] for got in per_rank] == list(example.tokens_per_rank)
+
+
+def test_low_latency_calls_with_two_mistakes_get_the_librarys_first_check(world_1x2) -> None:
+    """A rank-local token-count check ends the checks (the later ones do not fire first), and the combine launcher
+    checks zero-copy with LogFMT before SWITCH_HIDDEN (internode_ll.cu:1182, :1236)."""
+    per_rank = world_1x2.run("tests.refusal_tasks:ll_two_mistakes", EXAMPLES["1x2"].to_json(), timeout=TIMEOUT_S)
+    expected = {"dispatch_1481_1482": "v1_ll_dispatch_1481", "combine_1623_1624": "v1_ll_combine_1623",
+                "combine_1182_1236": "v1_ll_combine_kernel_1182"}
+    by_id = {r["id"]: r for r in ROWS}
+    for rank, got in enumerate(per_rank):
+        for call, row_id in expected.items():
+            kind, message = got[call]
+            assert kind == by_id[row_id]["exception"] and message_matches(by_id[row_id], message or ""), (
+                f"rank {rank}, {call}: got {kind}: {message!r}, expected the first check {row_id}")
+
+
+def test_shared_low_latency_buffers_are_one_at_a_time() -> None:
+    """SharedBuffers keeps one buffer (per module and shape) and what was made on it; another shape, an RDMA buffer
+    a recipe builds, or the end of the task destroys it (the real library has one NVSHMEM per process)."""
+    import torch
+
+    from conformance.core.example import build_rank_inputs
+    from conformance.tasks import bad_calls
+
+    destroyed: list[int] = []
+
+    class Buffer:
+        count = 0
+
+        def __init__(self, group: object = None, **kwargs: object) -> None:
+            Buffer.count += 1
+            self.id = Buffer.count
+
+        def destroy(self) -> None:
+            destroyed.append(self.id)
+
+    module = type("Module", (), {"Buffer": Buffer})
+    example = EXAMPLES["1x2"]
+    with bad_calls.SharedBuffers() as shared:
+        env = bad_calls.BadCallEnv(module, None, 0, 2, example, build_rank_inputs(example, 0), torch.device("cpu"),
+                                   shared=shared)
+        first = env.ll_buffer()
+        assert env.ll_buffer() is first and shared.memo("x", object) is shared.memo("x", object)
+        made = shared.memo("x", object)
+        other = env.ll_buffer(env.ll_shape(num_max_tokens=env.ll_shape().num_max_tokens + 4))
+        assert destroyed == [first.id] and shared.memo("x", object) is not made
+        private = env.ll_buffer(private=True)  # an RDMA buffer of the recipe's own: the shared one goes first
+        assert destroyed == [first.id, other.id] and private not in (first, other)
+        again = env.ll_buffer()
+        env.release()
+        assert destroyed == [first.id, other.id, private.id]
+    assert destroyed == [first.id, other.id, private.id, again.id]
 
 
 # ---------------------------------------------------------------------------------------- (c) counts

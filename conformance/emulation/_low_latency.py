@@ -35,6 +35,16 @@ LOGFMT_VALUES = 1 << 9
 ALIGNMENT = 128
 
 
+def layout_send_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> int:
+    """One send buffer of ``LowLatencyLayout`` (config.hpp:147-149): a token's dispatch messages or every expert's
+    combine messages; the layout asserts it is a multiple of 16 (config.hpp:150)."""
+    num_scales = hidden // 128
+    dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
+    combine_msg = num_scales * 4 + hidden * 2
+    tokens = num_max_dispatch_tokens_per_rank
+    return max(tokens * dispatch_msg, num_experts * tokens * combine_msg)
+
+
 def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """``LowLatencyLayout::total_bytes`` (csrc/legacy/config.hpp:131-166): two send, two receive and two
     signalling buffers."""
@@ -42,8 +52,7 @@ def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_r
     num_scales = hidden // 128
     dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
     combine_msg = num_scales * 4 + hidden * 2
-    tokens = num_max_dispatch_tokens_per_rank
-    send = max(tokens * dispatch_msg, num_experts * tokens * combine_msg)
+    send = layout_send_bytes(num_max_dispatch_tokens_per_rank, hidden, num_experts)
     recv = max(num_experts * num_max_dispatch_tokens_per_rank * dispatch_msg,
                num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
     signalling = -(-num_experts * 4 // 128) * 128
@@ -160,12 +169,76 @@ class LowLatencyMixin:
         state["index"] ^= 1
         return index
 
-    def _ll_python_checks(self, num_max_dispatch_tokens_per_rank: int, row_deterministic: str, row_qp: str) -> None:
-        check(not _checks.deterministic_fill_enabled(), row_deterministic)
+    def _ll_qp_depth_check(self, num_max_dispatch_tokens_per_rank: int, row_not_ll: str, row_qp: str) -> None:
+        """``assert self.nvshmem_qp_depth >= (num_max_dispatch_tokens_per_rank + 1) * 2`` (legacy.py:609 / :665):
+        an ``AttributeError`` on a buffer that never set the depth (no low-latency mode, one RDMA rank)."""
         depth = self.__dict__.get("nvshmem_qp_depth")
-        if depth is None:  # never set on a buffer without low_latency_mode and one RDMA rank
-            refuse("v1_ll_dispatch_not_ll_buffer")
-        check(depth >= (num_max_dispatch_tokens_per_rank + 1) * 2, row_qp)
+        if depth is None and row_not_ll not in _refusals.SUPPRESSED:
+            refuse(row_not_ll)
+        check(depth is None or depth >= (num_max_dispatch_tokens_per_rank + 1) * 2, row_qp)
+
+    def _ll_dispatch_arguments(self, x: torch.Tensor, topk_idx: torch.Tensor, t_max: int, num_experts: int,
+                               stats: torch.Tensor | None, cost: torch.Tensor | None) -> BaseException | None:
+        """The checks of ``Buffer::low_latency_dispatch`` up to the layout (csrc/legacy/buffer.hpp:1474-1503, with
+        ``LowLatencyLayout``'s at :1502), in the library's order.  A token count only this rank may get wrong
+        (:1481) comes back unraised and ends the checks: the caller raises it after the verdict-only preflight, so
+        that the peers raise ``PeerRefused`` instead of waiting in the kernel."""
+        num_ranks = self.group_size
+        check(self.low_latency_mode, "v1_ll_dispatch_not_ll_mode")
+        check(x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_dispatch_1478")
+        check(x.shape[1] % 16 == 0 and x.shape[1] % 128 == 0, "v1_ll_dispatch_1479")
+        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_dispatch_1480")
+        if _refusals.violated(x.shape[0] == topk_idx.shape[0] and x.shape[0] <= t_max, "v1_ll_dispatch_1481"):
+            return _refusals.error("v1_ll_dispatch_1481")
+        check(topk_idx.dtype == torch.int64, "v1_ll_dispatch_1482")
+        check(num_experts % num_ranks == 0, "v1_ll_dispatch_1483")
+        if stats is not None:
+            check(stats.dtype == torch.int32, "v1_ll_dispatch_1487")
+            check(stats.dim() == 1 and stats.is_contiguous(), "v1_ll_dispatch_1488")
+            check(stats.shape[0] == num_experts // num_ranks, "v1_ll_dispatch_1489")
+        if cost is not None:
+            check(cost.dtype == torch.int64, "v1_ll_dispatch_1492")
+            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_dispatch_1493")
+            check(cost.shape[0] == num_ranks, "v1_ll_dispatch_1494")
+        check(layout_send_bytes(t_max, x.shape[1], num_experts) % 16 == 0, "v1_ll_dispatch_layout_150")  # :1502
+        check(layout_total_bytes(t_max, x.shape[1], num_ranks, num_experts) <= self.num_rdma_bytes,
+              "v1_ll_dispatch_1503")
+        return None
+
+    def _ll_combine_arguments(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                              src_info: torch.Tensor, layout_range: torch.Tensor, t_max: int, num_experts: int,
+                              cost: torch.Tensor | None) -> BaseException | None:
+        """The checks of ``Buffer::low_latency_combine`` up to the layout (buffer.hpp:1612-1643, ``LowLatencyLayout``'s
+        at :1642), in the library's order; a token count only this rank may get wrong (:1623) comes back unraised (see
+        :meth:`_ll_dispatch_arguments`)."""
+        num_ranks = self.group_size
+        num_local = num_experts // num_ranks
+        check(self.low_latency_mode, "v1_ll_combine_1612")
+        check(x.dim() == 3 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_combine_1615")
+        check(x.shape[0] == num_local, "v1_ll_combine_1616")
+        check(x.shape[1] == num_ranks * t_max, "v1_ll_combine_1617")
+        check(x.shape[2] % 16 == 0 and x.shape[2] % 128 == 0, "v1_ll_combine_1618")
+        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_combine_1619")
+        check(topk_idx.shape[0] == topk_weights.shape[0] and topk_idx.shape[1] == topk_weights.shape[1],
+              "v1_ll_combine_1620")
+        check(topk_idx.dtype == torch.int64, "v1_ll_combine_1621")
+        check(topk_weights.dim() == 2 and topk_weights.is_contiguous(), "v1_ll_combine_1622")
+        if _refusals.violated(topk_weights.shape[0] <= t_max, "v1_ll_combine_1623"):
+            return _refusals.error("v1_ll_combine_1623")
+        check(topk_weights.dtype == torch.float32, "v1_ll_combine_1624")
+        check(src_info.dim() == 2 and src_info.is_contiguous(), "v1_ll_combine_1625")
+        check(src_info.dtype == torch.int32 and x.shape[0] == src_info.shape[0], "v1_ll_combine_1626")
+        check(layout_range.dim() == 2 and layout_range.is_contiguous(), "v1_ll_combine_1627")
+        check(layout_range.dtype == torch.int64, "v1_ll_combine_1628")
+        check(layout_range.shape[0] == num_local and layout_range.shape[1] == num_ranks, "v1_ll_combine_1629")
+        if cost is not None:
+            check(cost.dtype == torch.int64, "v1_ll_combine_1632")
+            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_combine_1633")
+            check(cost.shape[0] == num_ranks, "v1_ll_combine_1634")
+        check(layout_send_bytes(t_max, x.shape[2], num_experts) % 16 == 0, "v1_ll_combine_layout_150")  # :1642
+        check(layout_total_bytes(t_max, x.shape[2], num_ranks, num_experts) <= self.num_rdma_bytes,
+              "v1_ll_combine_1643")
+        return None
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Zero the low-latency buffers: nothing to do in the emulation (no buffer memory), checks only."""
@@ -191,48 +264,28 @@ class LowLatencyMixin:
         Returns ``(recv_x or (recv_x, scales), recv_count, handle, event, hook)``; with ``return_recv_hook`` the
         received tensors (and the statistics) are written only when ``hook()`` is called.
         """
-        self._ll_python_checks(num_max_dispatch_tokens_per_rank, "v1_ll_dispatch_deterministic",
-                               "v1_ll_dispatch_qp_depth")
+        check(not _checks.deterministic_fill_enabled(), "v1_ll_dispatch_deterministic")  # legacy.py:607
+        self._ll_qp_depth_check(num_max_dispatch_tokens_per_rank, "v1_ll_dispatch_not_ll_buffer",
+                                "v1_ll_dispatch_qp_depth")
         check(self.runtime is not None, "v1_ll_dispatch_after_destroy")
         num_ranks, me = self.group_size, self.rank
         t_max = num_max_dispatch_tokens_per_rank
-        check(self.low_latency_mode, "v1_ll_dispatch_not_ll_mode")
-        check(x.dim() == 2 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_dispatch_1478")
-        check(x.shape[1] % 16 == 0 and x.shape[1] % 128 == 0, "v1_ll_dispatch_1479")
-        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_dispatch_1480")
-        local_error = None
-        if not (x.shape[0] == topk_idx.shape[0] and x.shape[0] <= t_max):  # rank-local: raised after the preflight
-            local_error = _refusals.error("v1_ll_dispatch_1481") if "v1_ll_dispatch_1481" not in \
-                _refusals.SUPPRESSED else None
-        check(topk_idx.dtype == torch.int64, "v1_ll_dispatch_1482")
-        check(num_experts % num_ranks == 0, "v1_ll_dispatch_1483")
         stats = cumulative_local_expert_recv_stats
-        if stats is not None:
-            check(stats.dtype == torch.int32, "v1_ll_dispatch_1487")
-            check(stats.dim() == 1 and stats.is_contiguous(), "v1_ll_dispatch_1488")
-            check(stats.shape[0] == num_experts // num_ranks, "v1_ll_dispatch_1489")
-        cost = dispatch_wait_recv_cost_stats
-        if cost is not None:
-            check(cost.dtype == torch.int64, "v1_ll_dispatch_1492")
-            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_dispatch_1493")
-            check(cost.shape[0] == num_ranks, "v1_ll_dispatch_1494")
+        error = self._ll_dispatch_arguments(x, topk_idx, t_max, num_experts, stats, dispatch_wait_recv_cost_stats)
         hidden = x.shape[1]
         num_local = num_experts // num_ranks
-        check(layout_total_bytes(t_max, hidden, num_ranks, num_experts) <= self.num_rdma_bytes,
-              "v1_ll_dispatch_1503")
-        check(not (async_finish and return_recv_hook), "v1_ll_dispatch_1511")
-        check((num_ranks * t_max) % 4 == 0, "v1_ll_dispatch_1526")
-        if use_fp8:
-            check(hidden % 512 == 0, "v1_ll_dispatch_1530")
-            if use_ue8m0:
-                check(round_scale, "v1_ll_dispatch_1535")
-        _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
-                       "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
-        qp_error = _qp_error(self.num_qps_per_rank, num_local)
-        counts = _comm.preflight(self.group, x.device, x.shape[0], local_error or qp_error,
-                                 "Buffer.low_latency_dispatch")
-        index = self._ll_next_index()
-        del index  # the emulation keeps no dispatch buffer memory
+        if error is None:
+            self._ll_next_index()  # buffer.hpp:1505 flips the double-buffer index before the checks below
+            check(not (async_finish and return_recv_hook), "v1_ll_dispatch_1511")
+            check((num_ranks * t_max) % 4 == 0, "v1_ll_dispatch_1526")
+            if use_fp8:
+                check(hidden % 512 == 0, "v1_ll_dispatch_1530")
+                if use_ue8m0:
+                    check(round_scale, "v1_ll_dispatch_1535")
+            _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
+                           "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
+            error = _qp_error(self.num_qps_per_rank, num_local)
+        counts = _comm.preflight(self.group, x.device, x.shape[0], error, "Buffer.low_latency_dispatch")
 
         # the send phase: the cast at the source, one message per (token, slot) with an expert
         payload, scales = fp8_cast(x, round_scale) if use_fp8 else (x, None)
@@ -302,54 +355,28 @@ class LowLatencyMixin:
         """Send every expert row back to its token's rank; each token sums ``weight * row`` over its top-k slots
         in slot order, in float32, rounded once to bf16 (rows decoded from LogFMT-10 with ``use_logfmt``; rows
         read from :meth:`get_next_low_latency_combine_buffer` with ``zero_copy``)."""
-        check(not _checks.deterministic_fill_enabled(), "v1_ll_combine_deterministic")
-        if not isinstance(handle, tuple | list) or len(handle) != 5:
-            n = len(handle) if hasattr(handle, "__len__") else 0
-            raise ValueError(f"not enough values to unpack (expected 5, got {n})" if n < 5 else
-                             "too many values to unpack (expected 5)")
-        src_info, layout_range, t_max, hidden, num_experts = handle
-        self._ll_python_checks(t_max, "v1_ll_combine_deterministic", "v1_ll_combine_qp_depth")
+        check(not _checks.deterministic_fill_enabled(), "v1_ll_combine_deterministic")  # legacy.py:662
+        src_info, layout_range, t_max, hidden, num_experts = handle  # legacy.py:664 (Python's own unpacking error)
+        self._ll_qp_depth_check(t_max, "v1_ll_combine_not_ll_buffer", "v1_ll_combine_qp_depth")
         check(self.runtime is not None, "v1_ll_combine_after_destroy")
         num_ranks = self.group_size
         num_local = num_experts // num_ranks
-        check(self.low_latency_mode, "v1_ll_combine_1612")
-        check(x.dim() == 3 and x.is_contiguous() and x.dtype == torch.bfloat16, "v1_ll_combine_1615")
-        check(x.shape[0] == num_local, "v1_ll_combine_1616")
-        check(x.shape[1] == num_ranks * t_max, "v1_ll_combine_1617")
-        check(x.shape[2] % 16 == 0 and x.shape[2] % 128 == 0, "v1_ll_combine_1618")
-        check(topk_idx.dim() == 2 and topk_idx.is_contiguous(), "v1_ll_combine_1619")
-        check(topk_idx.shape[0] == topk_weights.shape[0] and topk_idx.shape[1] == topk_weights.shape[1],
-              "v1_ll_combine_1620")
-        check(topk_idx.dtype == torch.int64, "v1_ll_combine_1621")
-        check(topk_weights.dim() == 2 and topk_weights.is_contiguous(), "v1_ll_combine_1622")
-        local_error = None
-        if topk_weights.shape[0] > t_max and "v1_ll_combine_1623" not in _refusals.SUPPRESSED:
-            local_error = _refusals.error("v1_ll_combine_1623")
-        check(topk_weights.dtype == torch.float32, "v1_ll_combine_1624")
-        check(src_info.dim() == 2 and src_info.is_contiguous(), "v1_ll_combine_1625")
-        check(src_info.dtype == torch.int32 and x.shape[0] == src_info.shape[0], "v1_ll_combine_1626")
-        check(layout_range.dim() == 2 and layout_range.is_contiguous(), "v1_ll_combine_1627")
-        check(layout_range.dtype == torch.int64, "v1_ll_combine_1628")
-        check(layout_range.shape[0] == num_local and layout_range.shape[1] == num_ranks, "v1_ll_combine_1629")
-        cost = combine_wait_recv_cost_stats
-        if cost is not None:
-            check(cost.dtype == torch.int64, "v1_ll_combine_1632")
-            check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_combine_1633")
-            check(cost.shape[0] == num_ranks, "v1_ll_combine_1634")
+        error = self._ll_combine_arguments(x, topk_idx, topk_weights, src_info, layout_range, t_max, num_experts,
+                                           combine_wait_recv_cost_stats)
         hidden = x.shape[2]
         num_tokens, num_topk = topk_weights.shape
-        check(layout_total_bytes(t_max, hidden, num_ranks, num_experts) <= self.num_rdma_bytes,
-              "v1_ll_combine_1643")
-        check(not (async_finish and return_recv_hook), "v1_ll_combine_1651")
-        if out is not None:
-            check(out.dim() == 2 and out.is_contiguous(), "v1_ll_combine_1658")
-            check(out.shape[0] == num_tokens and out.shape[1] == hidden, "v1_ll_combine_1659")
-            check(out.dtype == x.dtype, "v1_ll_combine_1660")
-        _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
-                       "v1_ll_combine_unsupported_hidden")
-        check(not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182")
-        _comm.preflight(self.group, x.device, num_tokens, local_error, "Buffer.low_latency_combine")
-        index = self._ll_next_index()
+        index = 0
+        if error is None:
+            index = self._ll_next_index()  # buffer.hpp:1645 flips the double-buffer index before the checks below
+            check(not (async_finish and return_recv_hook), "v1_ll_combine_1651")
+            if out is not None:
+                check(out.dim() == 2 and out.is_contiguous(), "v1_ll_combine_1658")
+                check(out.shape[0] == num_tokens and out.shape[1] == hidden, "v1_ll_combine_1659")
+                check(out.dtype == x.dtype, "v1_ll_combine_1660")
+            _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
+                           "v1_ll_combine_unsupported_hidden",
+                           between=((not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182"),))
+        _comm.preflight(self.group, x.device, num_tokens, error, "Buffer.low_latency_combine")
         source = x
         if zero_copy:
             key = (t_max, hidden, num_experts)
@@ -404,7 +431,8 @@ class LowLatencyMixin:
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
         """The bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]`` buffer the next
         ``low_latency_combine(..., zero_copy=True)`` reads (one per double-buffer index)."""
-        _, _, t_max, hidden, num_experts = handle  # type: ignore[misc]
+        _, _, t_max, hidden, num_experts = handle  # type: ignore[misc]  # legacy.py:712
+        check(self.runtime is not None, "v1_ll_next_buffer_after_destroy")
         key = (t_max, hidden, num_experts)
         index = self._ll_state()["index"]
         send = self._ll_state()["send"]
@@ -429,11 +457,15 @@ def _device() -> torch.device:
 
 
 def _kernel_checks(num_experts: int, num_topk: int, hidden: int, row_warps: str, row_topk: str,
-                   row_hidden: str) -> None:
-    """The launchers' host checks: warp groups (an expert count 0 or above 32 per SM), top-k, ``SWITCH_HIDDEN``."""
+                   row_hidden: str, between: tuple[tuple[bool, str], ...] = ()) -> None:
+    """The launchers' host checks, in their order: warp groups (an expert count 0 or above 32 per SM), top-k,
+    the launcher's own checks ``between`` (combine: zero-copy with LogFMT, internode_ll.cu:1182), then
+    ``SWITCH_HIDDEN``."""
     sms = _sizing.device_num_sms()
     check(0 < num_experts and -(-num_experts // sms) <= 32, row_warps)
     check(num_topk <= NUM_MAX_TOPK, row_topk)
+    for ok, row in between:
+        check(ok, row)
     check(hidden in SUPPORTED_HIDDEN, row_hidden)
 
 

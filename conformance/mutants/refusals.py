@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
-from conformance.emulation import ElasticBuffer, _refusals, legacy
+from conformance.emulation import ElasticBuffer, _low_latency, _refusals, legacy
 from conformance.mutants.patching import wrap_method
 from conformance.mutants.registry import register
 
@@ -60,6 +60,9 @@ _drop("refusal-dropped-argument-combination", "v1_dispatch_alloc_on_comm_stream"
       "(argument-combination check)")
 _drop("refusal-dropped-use-after-destroy", "v2_dispatch_after_destroy",
       "V2 dispatch works on a destroyed buffer (buffer-state check)")
+_drop("refusal-dropped-ll-argument-combination", "v1_ll_dispatch_1511",
+      "V1 low_latency_dispatch accepts async_finish=True with return_recv_hook=True (low-latency "
+      "argument-combination check)")
 
 
 TARGETS["refusal-full-batch-refused"] = "v2_dispatch_too_many_tokens"
@@ -100,4 +103,23 @@ TARGETS["refusal-nvl-alignment-256"] = "v1_init_nvl_bytes_alignment"
           "Buffer() requires num_nvl_bytes to be a multiple of 256 instead of 128, refusing legal sizes")
 def nvl_alignment_256() -> Iterator[None]:
     with mock.patch.object(legacy, "BUFFER_ALIGNMENT_BYTES", 256):
+        yield
+
+
+TARGETS["refusal-ll-layout-overestimated"] = "v1_ll_combine_1643"
+
+
+@register("refusal-ll-layout-overestimated", "harmful",
+          "V1 low-latency layout adds the dispatch and combine receive buffers instead of sharing one, refusing a "
+          "legal, exactly sized low-latency buffer")
+def ll_layout_overestimated() -> Iterator[None]:
+    original = _low_latency.layout_total_bytes
+
+    def overestimated(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+        scale_bytes = hidden // 128 * 4
+        messages = (16 + max(hidden * 2, hidden + scale_bytes), hidden * 2 + scale_bytes)  # dispatch, combine
+        smaller_recv = num_experts * num_max_dispatch_tokens_per_rank * min(messages)  # max(...) + min(...) = sum
+        return original(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts) + 2 * smaller_recv
+
+    with mock.patch.object(_low_latency, "layout_total_bytes", overestimated):
         yield

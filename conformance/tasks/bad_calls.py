@@ -5,7 +5,10 @@ Runs inside rank processes.  A recipe takes a :class:`BadCallEnv` (the ``deep_ep
 emulated, the group, this rank's inputs of an :class:`~conformance.core.example.Example`) and makes its calls; it
 is deterministic and identical on every rank (every rank makes the same sequence of calls, so collectives
 such as buffer construction line up).  Buffers a recipe builds through the environment are destroyed when it
-ends (:func:`run`).  Global state a recipe changes (``Buffer.num_sms``, torch's deterministic mode,
+ends (:func:`run`), except the low-latency buffer it takes from the task's :class:`SharedBuffers` (kept for the
+next recipe of the same module and shape, destroyed when the task ends): building an NVSHMEM buffer per recipe
+would dominate the sweep on the real library, and a refusal must leave the buffer usable anyway, which the next
+recipe on it then shows.  Global state a recipe changes (``Buffer.num_sms``, torch's deterministic mode,
 ``LOCAL_WORLD_SIZE``) is restored before it returns.
 
 Registration: ``@recipe("name", requires=..., topology=...)`` registers one callable; ``@pair("row_id", ...)``
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -46,6 +50,10 @@ TOPOLOGIES = ("any", "v1-intranode", "v1-internode", "single", "hybrid", "one-ra
 #: The legacy kernels' NVLink peer count and buffer alignment (LEGACY_NUM_MAX_NVL_PEERS, ..._ALIGNMENT_BYTES).
 NVL_PEERS = 8
 V1_ALIGNMENT = 128
+#: The smallest hidden size the low-latency kernels are compiled for (``SWITCH_HIDDEN``,
+#: csrc/kernels/legacy/launch.cuh:113) and their top-k limit (``kNumMaxTopK``, internode_ll.cu:493).
+LL_HIDDEN = 2048
+LL_MAX_TOPK = 11
 #: The elastic buffer alignment (2 MiB) and ptx::kNumTMAAlignBytes.
 V2_ALIGNMENT = 2 << 20
 TMA_ALIGN = 32
@@ -142,6 +150,71 @@ class V2Call:
 
 
 @dataclass
+class LLCall:
+    """A V1 low-latency dispatch: the buffer, its keyword arguments and outputs."""
+
+    buffer: Any
+    kwargs: dict[str, Any]
+    out: tuple | None = None
+
+    @property
+    def recv_x(self) -> Any:
+        return self.out[0]
+
+    @property
+    def handle(self) -> tuple:
+        return self.out[2]
+
+
+@dataclass(frozen=True)
+class LLShape:
+    """What a low-latency buffer is sized for: ``num_max_dispatch_tokens_per_rank``, hidden, expert count."""
+
+    num_max_tokens: int
+    hidden: int
+    num_experts: int
+
+
+class SharedBuffers:
+    """The low-latency buffer the recipes of one task share, for one (module, shape) at a time, and what was made
+    on it once for all of them (:meth:`memo`: the valid dispatch the combine recipes start from).
+
+    One at a time because the real low-latency buffers live in NVSHMEM, one instance per process: a buffer of
+    another shape replaces it, and so does any other RDMA buffer a recipe builds (:meth:`BadCallEnv.v1_buffer`
+    releases it first).  :meth:`release` (or leaving the ``with`` block) destroys it."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._buffer: Any = None
+        self._memo: dict[Any, Any] = {}
+
+    def __enter__(self) -> SharedBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def get(self, key: tuple, build: Callable[[], Any]) -> Any:
+        if self._buffer is None or key != self._key:
+            self.release()
+            self._buffer, self._key = build(), key
+        return self._buffer
+
+    def memo(self, key: Any, make: Callable[[], Any]) -> Any:
+        """``make()``, made once while the current buffer lives (call :meth:`get` first)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    def release(self) -> None:
+        buffer, self._buffer, self._key = self._buffer, None, None
+        self._memo.clear()
+        if buffer is not None:
+            with contextlib.suppress(Exception):
+                buffer.destroy()
+
+
+@dataclass
 class BadCallEnv:
     """What a recipe needs: the module under test, the world, and this rank's inputs of the example."""
 
@@ -153,6 +226,7 @@ class BadCallEnv:
     inputs: RankInputs
     device: torch.device
     num_nodes: int = 1
+    shared: SharedBuffers | None = None
     _buffers: list[Any] = field(default_factory=list, repr=False)
 
     # buffers, built the way the suite's adapters build them (conformance/backends/legacy.py, elastic.py)
@@ -165,6 +239,8 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
+        if self.shared is not None and kwargs["num_rdma_bytes"]:
+            self.shared.release()  # one NVSHMEM buffer at a time (see SharedBuffers)
         buffer = self.module.Buffer(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
@@ -185,6 +261,30 @@ class BadCallEnv:
         buffer = self.module.ElasticBuffer(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
+
+    def ll_shape(self, **changes: int) -> LLShape:
+        """The low-latency shape of the example: its token bound rounded up to a multiple of 4 (TMA, buffer.hpp:1526),
+        the smallest compiled hidden size, its experts; ``changes`` replace fields."""
+        ex = self.example
+        shape = LLShape(align(ex.num_max_tokens_per_rank, 4), LL_HIDDEN, ex.num_experts)
+        return dataclasses.replace(shape, **changes)
+
+    def ll_buffer(self, shape: LLShape | None = None, private: bool = False, **overrides: Any) -> Any:
+        """``Buffer(group, 0, <the low-latency size hint of shape>, low_latency_mode=True, num_qps_per_rank=<local
+        experts>, explicitly_destroy=True)``, as the library's own test builds it: the task's shared buffer of that
+        shape, or a private one (destroyed when the recipe ends) with ``private`` or any override."""
+        shape = shape if shape is not None else self.ll_shape()
+        kwargs = {
+            "num_nvl_bytes": 0,
+            "num_rdma_bytes": ll_size_hint(shape),
+            "low_latency_mode": True,
+            "num_qps_per_rank": max(shape.num_experts // self.world_size, 1),
+            "explicitly_destroy": True,
+        }
+        kwargs.update(overrides)
+        if private or overrides or self.shared is None:
+            return self.v1_buffer(**kwargs)
+        return self.shared.get((id(self.module), shape), lambda: self.module.Buffer(self.group, **kwargs))
 
     def release(self) -> None:
         """Destroy every buffer the recipe built (in construction order on every rank; failures ignored)."""
@@ -240,21 +340,53 @@ class BadCallEnv:
         call.out = call.buffer.dispatch(**call.kwargs)
         return call
 
+    def ll_args(self, buffer: Any = None, shape: LLShape | None = None) -> LLCall:
+        """A low-latency buffer (by default the shared one of ``shape``) and the arguments of a valid
+        ``low_latency_dispatch`` of the example's tokens (zero-padded or cut to the shape's hidden size)."""
+        shape = shape if shape is not None else self.ll_shape()
+        buffer = buffer if buffer is not None else self.ll_buffer(shape)
+        kwargs = {
+            "x": narrow_hidden(self.inputs.x, shape.hidden),
+            "topk_idx": self.inputs.topk_idx,
+            "num_max_dispatch_tokens_per_rank": shape.num_max_tokens,
+            "num_experts": shape.num_experts,
+        }
+        return LLCall(buffer, kwargs)
 
-def make_env(module: Any, example: Example) -> BadCallEnv:
-    """The environment of this rank process (inside a :class:`conformance.world.World` task)."""
+    def valid_ll_dispatch(self, buffer: Any = None, **overrides: Any) -> LLCall:
+        """A valid low-latency dispatch of the example (its outputs and handle)."""
+        call = self.ll_args(buffer)
+        call.kwargs.update(overrides)
+        call.out = call.buffer.low_latency_dispatch(**call.kwargs)
+        return call
+
+    def ll_dispatched(self) -> LLCall:
+        """The valid bf16 low-latency dispatch of the example on the shared buffer, made once per task and buffer:
+        the combine recipes read its outputs and handle (tensors the library allocates outside the buffer, which a
+        low-latency combine may reuse, as the library's own test does)."""
+        if self.shared is None:
+            return self.valid_ll_dispatch(use_fp8=False)
+        buffer = self.ll_buffer()
+        return self.shared.memo((id(self.module), self.example),
+                                lambda: self.valid_ll_dispatch(buffer, use_fp8=False))
+
+
+def make_env(module: Any, example: Example, shared: SharedBuffers | None = None) -> BadCallEnv:
+    """The environment of this rank process (inside a :class:`conformance.world.World` task); ``shared``: the
+    task's low-latency buffers (without it every recipe builds its own)."""
     from conformance.world.rank import context
 
     ctx = context()
     device = ctx.torch_device()
     return BadCallEnv(module=module, group=ctx.group, rank=ctx.rank, world_size=ctx.world_size, example=example,
-                      inputs=build_rank_inputs(example, ctx.rank).to(device), device=device, num_nodes=ctx.num_nodes)
+                      inputs=build_rank_inputs(example, ctx.rank).to(device), device=device, num_nodes=ctx.num_nodes,
+                      shared=shared)
 
 
 def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None]:
     """Run recipe ``name``; return ``(exception type name, message)``, ``(None, None)`` when nothing was raised.
 
-    The buffers it built are destroyed afterwards, whatever happened.
+    The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
     """
     try:
         RECIPES[name](env)
@@ -428,6 +560,25 @@ def v1_combine_nvl_bytes(num_ranks: int, config: ConfigValues, hidden_bytes: int
     c, q = config.num_sms // 2, config.nvl_recv
     queue = c * num_ranks * q
     return c * num_ranks * 8 + queue * hidden_bytes + queue * 4 + queue * num_topk * 4
+
+
+def ll_layout_bytes(shape: LLShape) -> int:
+    """``LowLatencyLayout::total_bytes`` (csrc/legacy/config.hpp:131-166): an odd and an even copy of the send
+    buffer (one token's dispatch message each, or every expert's combine messages), of the receive buffer (every
+    expert's messages) and of the 128-aligned per-expert signal counters."""
+    t, hidden, experts = shape.num_max_tokens, shape.hidden, shape.num_experts
+    scale_bytes = hidden // 128 * 4
+    dispatch_msg = 16 + max(hidden * 2, hidden + scale_bytes)  # int4 header + bf16 row, or FP8 row + float scales
+    combine_msg = hidden * 2 + scale_bytes  # bf16 row + a bf16 min/max pair per 128 channels
+    copy = max(t * dispatch_msg, experts * t * combine_msg)
+    copy += experts * t * max(dispatch_msg, combine_msg)
+    copy += align(experts * 4, V1_ALIGNMENT)
+    return 2 * copy
+
+
+def ll_size_hint(shape: LLShape) -> int:
+    """``get_low_latency_rdma_size_hint`` (config.hpp:185-188): the layout rounded past the next multiple of 128."""
+    return (ll_layout_bytes(shape) // V1_ALIGNMENT + 1) * V1_ALIGNMENT
 
 
 def v2_token_bytes(hidden_bytes: int, sf_bytes: int, num_topk: int, with_metadata: bool) -> int:
@@ -1256,6 +1407,336 @@ _inter_combine("v1_internode_cached_notify_1517", _combine_config(4, 288, 12, 40
                neighbour=_combine_config(4, 288, 12, 128))
 
 
+# ------------------------------------------------------------------------------------------- low latency (V1)
+def _ll_dispatch(row: str, edit: Callable[[BadCallEnv, LLCall], None], doc: str, requires: Callable = _always,
+                 topology: str = "any", neighbour: Callable[[BadCallEnv, LLCall], None] | None = None,
+                 buffer: Callable[[BadCallEnv, bool], Any] | None = None) -> None:
+    """Register a low-latency dispatch recipe: a valid ``low_latency_dispatch`` of the example (on the task's
+    shared low-latency buffer, or on ``buffer(env, bad)``) with ``edit`` applied to its arguments."""
+
+    @pair(row, requires, topology)
+    def _(env: BadCallEnv, bad: bool) -> None:
+        call = env.ll_args(buffer(env, bad) if buffer is not None else None)
+        if bad:
+            edit(env, call)
+        elif neighbour is not None:
+            neighbour(env, call)
+        call.buffer.low_latency_dispatch(**call.kwargs)
+
+    RECIPES[row].__doc__ = RECIPES[f"{row}.ok"].__doc__ = doc
+
+
+def _ll_short_buffer(env: BadCallEnv, bad: bool) -> Any:
+    """A private low-latency buffer of the example's layout rounded down below it (``bad``) or up to 128 bytes."""
+    below = (ll_layout_bytes(env.ll_shape()) - 1) // V1_ALIGNMENT * V1_ALIGNMENT
+    return env.ll_buffer(num_rdma_bytes=below if bad else below + V1_ALIGNMENT)
+
+
+def _ll_cost(env: BadCallEnv, *shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """A ``*_wait_recv_cost_stats`` tensor (by default the valid one: int64, one per rank)."""
+    return torch.zeros(shape or (env.world_size,), dtype=dtype, device=env.device)
+
+
+def _ll_topk_of(env: BadCallEnv, num_topk: int, rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The example's routing and weights widened (-1 / 0 slots: "not selecting any expert") to ``num_topk``
+    columns and, with ``rows``, padded with unrouted tokens to that many rows."""
+    idx, w = env.inputs.topk_idx, env.inputs.topk_weights
+    pad_cols = num_topk - idx.shape[1]
+    idx = torch.cat([idx, idx.new_full((idx.shape[0], pad_cols), -1)], dim=1)
+    w = torch.cat([w, w.new_zeros((w.shape[0], pad_cols))], dim=1)
+    if rows is not None:
+        idx = torch.cat([idx, idx.new_full((rows - idx.shape[0], num_topk), -1)])
+        w = torch.cat([w, w.new_zeros((rows - w.shape[0], num_topk))])
+    return idx, w
+
+
+def _qp_tokens(env: BadCallEnv, buffer: Any) -> tuple[int, int]:
+    """``(the smallest num_max_dispatch_tokens_per_rank the buffer's QP depth refuses, the largest it takes that
+    keeps num_ranks * tokens a multiple of 4)`` (legacy.py:609, buffer.hpp:1526)."""
+    depth = int(buffer.nvshmem_qp_depth)
+    refused, taken = depth // 2, depth // 2 - 1
+    while (env.world_size * taken) % 4:
+        taken -= 1
+    return refused, taken
+
+
+@pair("v1_ll_dispatch_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_dispatch on a destroyed low-latency buffer (a private one)."""
+    call = env.ll_args(env.ll_buffer(private=True))
+    if bad:
+        call.buffer.destroy()
+    call.buffer.low_latency_dispatch(**call.kwargs)
+
+
+@pair("v1_ll_dispatch_deterministic")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_dispatch with torch's deterministic algorithms on (and uninitialised memory filled)."""
+    call = env.ll_args()
+    with deterministic_algorithms(fill_uninitialized_memory=bad):
+        call.buffer.low_latency_dispatch(**call.kwargs)
+
+
+@pair("v1_ll_dispatch_qp_depth")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """num_max_dispatch_tokens_per_rank one above what the QP depth allows (512 with the default depth 1024);
+    neighbour: the largest the depth allows that keeps num_ranks * tokens a multiple of 4 (510 on 2 ranks), on
+    a buffer sized for it."""
+    refused, taken = _qp_tokens(env, env.ll_buffer())
+    call = env.ll_args() if bad else env.ll_args(shape=env.ll_shape(num_max_tokens=taken))
+    if bad:
+        call.kwargs["num_max_dispatch_tokens_per_rank"] = refused
+    call.buffer.low_latency_dispatch(**call.kwargs)
+
+
+_ll_dispatch("v1_ll_dispatch_not_ll_buffer", lambda e, c: None,
+             "low_latency_dispatch on a one-node buffer built without low_latency_mode (nvshmem_qp_depth never set)",
+             topology="single", buffer=lambda env, bad: env.v1_buffer() if bad else None)
+_ll_dispatch("v1_ll_dispatch_not_ll_mode", lambda e, c: None,
+             "low_latency_dispatch on an internode buffer built without low_latency_mode",
+             topology=V1_INTER, buffer=lambda env, bad: env.v1_buffer() if bad else None)
+_ll_dispatch("v1_ll_dispatch_1478", _set(x=lambda e, c: c.kwargs["x"].float()), "float32 x")
+_ll_dispatch("v1_ll_dispatch_1479", _set(x=lambda e, c: narrow_hidden(c.kwargs["x"], LL_HIDDEN - 16)),
+             f"x of {LL_HIDDEN - 16} columns (a multiple of 16, not of 128)")
+_ll_dispatch("v1_ll_dispatch_1480", _set(topk_idx=lambda e, c: c.kwargs["topk_idx"][:, 0].contiguous()),
+             "a 1-D topk_idx")
+_ll_dispatch("v1_ll_dispatch_1481", _set(topk_idx=lambda e, c: extra_row(c.kwargs["topk_idx"], -1)),
+             "topk_idx with one row more than x (a rank-local check, refused after the verdict exchange)")
+_ll_dispatch("v1_ll_dispatch_1482", _set(topk_idx=lambda e, c: c.kwargs["topk_idx"].int()), "int32 topk_idx")
+_ll_dispatch("v1_ll_dispatch_1483", _set(num_experts=lambda e, c: c.kwargs["num_experts"] + 1),
+             "num_experts + 1 experts", requires=several_ranks)
+_ll_dispatch("v1_ll_dispatch_1487", _set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e, dtype=torch.int64)),
+             "int64 expert statistics", neighbour=_set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e)))
+_ll_dispatch("v1_ll_dispatch_1488",
+             _set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e).unsqueeze(0)), "2-D expert statistics",
+             neighbour=_set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e)))
+_ll_dispatch("v1_ll_dispatch_1489",
+             _set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e, e.example.num_experts // e.world_size
+                                                                             + 1)),
+             "expert statistics of num_local_experts + 1 entries",
+             neighbour=_set(cumulative_local_expert_recv_stats=lambda e, c: _stats(e)))
+_ll_dispatch("v1_ll_dispatch_1492", _set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e, dtype=torch.int32)),
+             "int32 wait-cost statistics", neighbour=_set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e)))
+_ll_dispatch("v1_ll_dispatch_1493",
+             _set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e, e.world_size, e.world_size)),
+             "[num_ranks, num_ranks] wait-cost statistics (the docstring's shape; the code wants 1-D)",
+             neighbour=_set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e)))
+_ll_dispatch("v1_ll_dispatch_1494", _set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e, e.world_size + 1)),
+             "wait-cost statistics of num_ranks + 1 entries",
+             neighbour=_set(dispatch_wait_recv_cost_stats=lambda e, c: _ll_cost(e)))
+_ll_dispatch("v1_ll_dispatch_layout_150",
+             _set(x=lambda e, c: narrow_hidden(c.kwargs["x"], 128), num_experts=lambda e, c: e.world_size,
+                  num_max_dispatch_tokens_per_rank=lambda e, c: c.kwargs["num_max_dispatch_tokens_per_rank"] + 1),
+             "hidden 128, one expert per rank and num_max_dispatch_tokens_per_rank + 1: the layout's send buffer "
+             "(experts * tokens * 260 bytes) is not a multiple of 16", requires=lambda ex: ex.world_size % 4 != 0)
+_ll_dispatch("v1_ll_dispatch_1503", lambda e, c: None,
+             "a low-latency buffer one alignment unit short of the layout (neighbour: the layout rounded up to 128)",
+             buffer=_ll_short_buffer)
+_ll_dispatch("v1_ll_dispatch_1511", _set(async_finish=lambda e, c: True, return_recv_hook=lambda e, c: True),
+             "async_finish=True with return_recv_hook=True (neighbour: the hook alone)",
+             neighbour=_set(return_recv_hook=lambda e, c: True))
+_ll_dispatch("v1_ll_dispatch_1526",
+             _set(num_max_dispatch_tokens_per_rank=lambda e, c: c.kwargs["num_max_dispatch_tokens_per_rank"] + 1),
+             "num_max_dispatch_tokens_per_rank + 1 (num_ranks * tokens not a multiple of 4), on a buffer sized for it",
+             requires=lambda ex: ex.world_size % 4 != 0,
+             buffer=lambda env, bad: env.ll_buffer(env.ll_shape(num_max_tokens=env.ll_shape().num_max_tokens + 1)))
+_ll_dispatch("v1_ll_dispatch_1530", _set(x=lambda e, c: narrow_hidden(c.kwargs["x"], LL_HIDDEN - 128)),
+             f"an FP8 dispatch of {LL_HIDDEN - 128} columns (a multiple of 128, not of 512)")
+_ll_dispatch("v1_ll_dispatch_1535", _set(use_ue8m0=lambda e, c: True),
+             "use_ue8m0=True without round_scale (neighbour: with it)",
+             neighbour=_set(use_ue8m0=lambda e, c: True, round_scale=lambda e, c: True))
+_ll_dispatch("v1_ll_dispatch_kernel_496", _set(num_experts=lambda e, c: 0), "num_experts=0 (no warp group)")
+_ll_dispatch("v1_ll_dispatch_kernel_501", _set(topk_idx=lambda e, c: _ll_topk_of(e, LL_MAX_TOPK + 1)[0]),
+             f"a top-k of {LL_MAX_TOPK + 1} columns (the example's, padded with -1; neighbour: {LL_MAX_TOPK})",
+             neighbour=_set(topk_idx=lambda e, c: _ll_topk_of(e, LL_MAX_TOPK)[0]))
+_ll_dispatch("v1_ll_dispatch_unsupported_hidden", _set(x=lambda e, c: narrow_hidden(c.kwargs["x"], LL_HIDDEN // 2)),
+             f"x of {LL_HIDDEN // 2} columns (FP8-castable, but no kernel is compiled for it)")
+
+
+def _ll_combine(row: str, edit: Callable[[BadCallEnv, LLCall, dict], None], doc: str, requires: Callable = _always,
+                topology: str = "any", neighbour: Callable[[BadCallEnv, LLCall, dict], None] | None = None,
+                target: Callable[[BadCallEnv, LLCall, bool], Any] | None = None) -> None:
+    """Register a low-latency combine recipe: the task's valid bf16 ``low_latency_dispatch``
+    (:meth:`BadCallEnv.ll_dispatched`), then its ``low_latency_combine`` (on the same buffer, or on ``target(env,
+    done, bad)``) with ``edit`` applied to a dict of ``x``, ``topk_idx``, ``topk_weights``, ``handle`` and keyword
+    arguments."""
+
+    @pair(row, requires, topology)
+    def _(env: BadCallEnv, bad: bool) -> None:
+        done = env.ll_dispatched()
+        args = {"x": done.recv_x, "topk_idx": done.kwargs["topk_idx"], "topk_weights": env.inputs.topk_weights,
+                "handle": done.handle}
+        if bad:
+            edit(env, done, args)
+        elif neighbour is not None:
+            neighbour(env, done, args)
+        on = target(env, done, bad) if target is not None else done.buffer
+        on.low_latency_combine(**args)
+
+    RECIPES[row].__doc__ = RECIPES[f"{row}.ok"].__doc__ = doc
+
+
+def _ll_handle(i: int, change: Callable[[BadCallEnv, Any], Any]) -> Callable[[BadCallEnv, LLCall, dict], None]:
+    """An edit replacing entry ``i`` of the handle ``(src_info, layout_range, num_max_dispatch_tokens_per_rank,
+    hidden, num_experts)`` by ``change(env, entry)`` (a forged handle)."""
+
+    def edit(env: BadCallEnv, done: LLCall, args: dict) -> None:
+        handle = list(args["handle"])
+        handle[i] = change(env, handle[i])
+        args["handle"] = tuple(handle)
+
+    return edit
+
+
+def _ll_forged_layout(env: BadCallEnv, done: LLCall) -> dict:
+    """Combine arguments of a handle forged to ``num_experts = num_ranks`` and one token more than the dispatch's
+    bound (odd), with zero expert outputs of hidden 128 and empty layout ranges (shapes every earlier check takes)."""
+    rows = env.world_size * (done.kwargs["num_max_dispatch_tokens_per_rank"] + 1)
+    src_info = torch.zeros(1, rows, dtype=torch.int32, device=env.device)
+    layout_range = torch.zeros(1, env.world_size, dtype=torch.int64, device=env.device)
+    return {"x": torch.zeros(1, rows, 128, dtype=torch.bfloat16, device=env.device),
+            "handle": (src_info, layout_range, rows // env.world_size, 128, env.world_size)}
+
+
+def _ll_out(env: BadCallEnv, rows_delta: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """An ``out=`` tensor for the combine (by default the valid one: ``[num_tokens, hidden]`` bf16)."""
+    return torch.empty(env.inputs.x.shape[0] + rows_delta, LL_HIDDEN, dtype=dtype, device=env.device)
+
+
+@pair("v1_ll_combine_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_combine on a destroyed low-latency buffer (a private one, destroyed after its dispatch)."""
+    done = env.valid_ll_dispatch(env.ll_buffer(private=True), use_fp8=False)
+    if bad:
+        done.buffer.destroy()
+    done.buffer.low_latency_combine(done.recv_x, env.inputs.topk_idx, env.inputs.topk_weights, done.handle)
+
+
+@pair("v1_ll_combine_deterministic")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_combine with torch's deterministic algorithms on (and uninitialised memory filled)."""
+    done = env.ll_dispatched()
+    with deterministic_algorithms(fill_uninitialized_memory=bad):
+        done.buffer.low_latency_combine(done.recv_x, env.inputs.topk_idx, env.inputs.topk_weights, done.handle)
+
+
+@pair("v1_ll_combine_qp_depth")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """A handle whose num_max_dispatch_tokens_per_rank is one above what the QP depth allows (a forged handle)."""
+    done = env.ll_dispatched()
+    handle = list(done.handle)
+    if bad:
+        handle[2] = _qp_tokens(env, done.buffer)[0]
+    done.buffer.low_latency_combine(done.recv_x, env.inputs.topk_idx, env.inputs.topk_weights, tuple(handle))
+
+
+_ll_combine("v1_ll_combine_handle_arity", _arg("handle", lambda e, d, a: a["handle"][:4]),
+            "the first 4 entries of the handle")
+_ll_combine("v1_ll_combine_not_ll_buffer", lambda e, d, a: None,
+            "low_latency_combine of a low-latency handle on a one-node buffer built without low_latency_mode",
+            topology="single", target=lambda env, done, bad: env.v1_buffer() if bad else done.buffer)
+_ll_combine("v1_ll_combine_1612", lambda e, d, a: None,
+            "low_latency_combine of a low-latency handle on an internode buffer built without low_latency_mode",
+            topology=V1_INTER, target=lambda env, done, bad: env.v1_buffer() if bad else done.buffer)
+_ll_combine("v1_ll_combine_1615", _arg("x", lambda e, d, a: a["x"].float()), "float32 expert outputs")
+_ll_combine("v1_ll_combine_1616", _arg("x", lambda e, d, a: torch.cat([a["x"], a["x"][:1]])),
+            "x with one local expert too many")
+_ll_combine("v1_ll_combine_1617", _arg("x", lambda e, d, a: a["x"][:, 1:].contiguous()),
+            "x with one row per expert too few")
+_ll_combine("v1_ll_combine_1618", _arg("x", lambda e, d, a: a["x"][:, :, :LL_HIDDEN - 16].contiguous()),
+            f"x of {LL_HIDDEN - 16} columns (a multiple of 16, not of 128)")
+_ll_combine("v1_ll_combine_1619", _arg("topk_idx", lambda e, d, a: a["topk_idx"][:, 0].contiguous()), "a 1-D topk_idx")
+_ll_combine("v1_ll_combine_1620", _arg("topk_weights", lambda e, d, a: extra_col(a["topk_weights"])),
+            "topk_weights with num_topk + 1 columns")
+_ll_combine("v1_ll_combine_1621", _arg("topk_idx", lambda e, d, a: a["topk_idx"].int()), "int32 topk_idx")
+_ll_combine("v1_ll_combine_1622", _arg("topk_weights", lambda e, d, a: a["topk_weights"].unsqueeze(-1)),
+            "3-D topk_weights")
+_ll_combine("v1_ll_combine_1623",
+            lambda e, d, a: a.update(zip(("topk_idx", "topk_weights"),
+                                         _ll_topk_of(e, e.example.num_topk, d.kwargs["num_max_dispatch_tokens_per_rank"]
+                                                     + 1), strict=True)),
+            "topk_idx / topk_weights padded with unrouted tokens to num_max_dispatch_tokens_per_rank + 1 rows (a "
+            "rank-local check, refused after the verdict exchange); neighbour: padded to exactly that many",
+            neighbour=lambda e, d, a: a.update(zip(("topk_idx", "topk_weights"),
+                                                   _ll_topk_of(e, e.example.num_topk,
+                                                               d.kwargs["num_max_dispatch_tokens_per_rank"]),
+                                                   strict=True)))
+_ll_combine("v1_ll_combine_1624", _arg("topk_weights", lambda e, d, a: a["topk_weights"].bfloat16()),
+            "bfloat16 topk_weights")
+_ll_combine("v1_ll_combine_1625", _ll_handle(0, lambda e, t: t.flatten()), "a handle with a 1-D src_info")
+_ll_combine("v1_ll_combine_1626", _ll_handle(0, lambda e, t: t.long()), "a handle with an int64 src_info")
+_ll_combine("v1_ll_combine_1627", _ll_handle(1, lambda e, t: t.unsqueeze(0)), "a handle with a 3-D layout_range")
+_ll_combine("v1_ll_combine_1628", _ll_handle(1, lambda e, t: t.int()), "a handle with an int32 layout_range")
+_ll_combine("v1_ll_combine_1629", _ll_handle(1, lambda e, t: extra_col(t)),
+            "a handle whose layout_range has num_ranks + 1 columns (a foreign handle)")
+_ll_combine("v1_ll_combine_1632", _arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e, dtype=torch.int32)),
+            "int32 wait-cost statistics",
+            neighbour=_arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e)))
+_ll_combine("v1_ll_combine_1633",
+            _arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e, e.world_size, e.world_size)),
+            "[num_ranks, num_ranks] wait-cost statistics (the docstring's shape; the code wants 1-D)",
+            neighbour=_arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e)))
+_ll_combine("v1_ll_combine_1634", _arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e, e.world_size + 1)),
+            "wait-cost statistics of num_ranks + 1 entries",
+            neighbour=_arg("combine_wait_recv_cost_stats", lambda e, d, a: _ll_cost(e)))
+_ll_combine("v1_ll_combine_layout_150", lambda e, d, a: a.update(_ll_forged_layout(e, d)),
+            "a handle forged to one expert per rank and num_max_dispatch_tokens_per_rank + 1, x of hidden 128 to "
+            "match: the layout's send buffer (experts * tokens * 260 bytes) is not a multiple of 16",
+            requires=lambda ex: ex.world_size % 4 != 0)
+_ll_combine("v1_ll_combine_1643", lambda e, d, a: None,
+            "combine on a low-latency buffer one alignment unit short of the layout (the handle from the shared "
+            "buffer; neighbour: a buffer of the layout rounded up to 128)",
+            target=lambda env, done, bad: _ll_short_buffer(env, bad))
+_ll_combine("v1_ll_combine_1651", lambda e, d, a: a.update(async_finish=True, return_recv_hook=True),
+            "async_finish=True with return_recv_hook=True (neighbour: the hook alone)",
+            neighbour=lambda e, d, a: a.update(return_recv_hook=True))
+_ll_combine("v1_ll_combine_1658", _arg("out", lambda e, d, a: _ll_out(e).unsqueeze(0)), "a 3-D out",
+            neighbour=_arg("out", lambda e, d, a: _ll_out(e)))
+_ll_combine("v1_ll_combine_1659", _arg("out", lambda e, d, a: _ll_out(e, rows_delta=1)), "out with one row too many",
+            neighbour=_arg("out", lambda e, d, a: _ll_out(e)))
+_ll_combine("v1_ll_combine_1660", _arg("out", lambda e, d, a: _ll_out(e, dtype=torch.float32)), "a float32 out",
+            neighbour=_arg("out", lambda e, d, a: _ll_out(e)))
+_ll_combine("v1_ll_combine_kernel_1170",
+            lambda e, d, a: a.update(x=a["x"][:0], handle=(a["handle"][0][:0], a["handle"][1][:0], *a["handle"][2:4],
+                                                           0)),
+            "a handle forged to 0 experts, with x, src_info and layout_range of 0 local experts (no warp group)")
+_ll_combine("v1_ll_combine_kernel_1179",
+            lambda e, d, a: a.update(zip(("topk_idx", "topk_weights"), _ll_topk_of(e, LL_MAX_TOPK + 1), strict=True)),
+            f"a top-k of {LL_MAX_TOPK + 1} columns (the example's, padded with -1; neighbour: {LL_MAX_TOPK})",
+            neighbour=lambda e, d, a: a.update(zip(("topk_idx", "topk_weights"), _ll_topk_of(e, LL_MAX_TOPK),
+                                                   strict=True)))
+
+
+@pair("v1_ll_combine_kernel_1182")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """A zero-copy combine (the expert outputs written into get_next_low_latency_combine_buffer) with LogFMT
+    (neighbour: without)."""
+    done = env.ll_dispatched()
+    done.buffer.get_next_low_latency_combine_buffer(done.handle).copy_(done.recv_x)
+    done.buffer.low_latency_combine(done.recv_x, env.inputs.topk_idx, env.inputs.topk_weights, done.handle,
+                                    zero_copy=True, use_logfmt=bad)
+
+
+@pair("v1_ll_next_buffer_handle_arity")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """get_next_low_latency_combine_buffer with the first 4 entries of the handle."""
+    done = env.ll_dispatched()
+    done.buffer.get_next_low_latency_combine_buffer(done.handle[:4] if bad else done.handle)
+
+
+@pair("v1_ll_next_buffer_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """get_next_low_latency_combine_buffer on a destroyed low-latency buffer (a private one, after its dispatch)."""
+    done = env.valid_ll_dispatch(env.ll_buffer(private=True), use_fp8=False)
+    if bad:
+        done.buffer.destroy()
+    done.buffer.get_next_low_latency_combine_buffer(done.handle)
+
+
+_ll_combine("v1_ll_combine_unsupported_hidden", _arg("x", lambda e, d, a: a["x"][:, :, :LL_HIDDEN // 2].contiguous()),
+            f"expert outputs of {LL_HIDDEN // 2} columns (no kernel is compiled for it)")
+
+
 # ===================================================================================================== V2
 @pair("v2_init_cpu_bytes_without_num_bytes")
 def _(env: BadCallEnv, bad: bool) -> None:
@@ -1743,4 +2224,5 @@ def all_names() -> list[str]:
     return sorted(RECIPES)
 
 
-__all__ = ["RECIPES", "BadCallEnv", "V1Call", "V2Call", "all_names", "applies", "make_env", "pair", "recipe", "run"]
+__all__ = ["RECIPES", "BadCallEnv", "LLCall", "LLShape", "SharedBuffers", "V1Call", "V2Call", "all_names", "applies",
+           "make_env", "pair", "recipe", "run"]

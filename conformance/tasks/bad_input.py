@@ -15,8 +15,8 @@ from conformance.tasks import bad_calls
 from conformance.tasks.env import RankEnv, rank_task
 
 
-def _raised(name: str, module: Any, env: RankEnv) -> Raised:
-    kind, message = bad_calls.run(name, bad_calls.make_env(module, env.example))
+def _raised(name: str, module: Any, env: RankEnv, shared: bad_calls.SharedBuffers) -> Raised:
+    kind, message = bad_calls.run(name, bad_calls.make_env(module, env.example, shared))
     return Raised(kind, message)
 
 
@@ -25,8 +25,18 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
     """``{"rows": {row: {backend: {"raised", "neighbour"}}}, "after": {backend: view of the next dispatch}}``.
 
     A row of the ``utils`` API (``EventOverlap``) is made once per implementation, with its first V2 backend (the
-    recipes get their events from ``ElasticBuffer`` dispatches)."""
-    case: BadCallCase = env.case
+    recipes get their events from ``ElasticBuffer`` dispatches).  The recipes share their low-latency buffers (one
+    per backend and shape, destroyed before the next valid dispatch)."""
+    with bad_calls.SharedBuffers() as shared:
+        rows, used = _bad_calls(env, env.case, shared)
+    after = {name: env.call(spec, "dispatch", lambda adapter: adapter.dispatch(
+        env.inputs, env.example, DispatchOptions(), env.rank)[0]) for name, spec in used.items()}
+    return {"rows": rows, "after": after}
+
+
+def _bad_calls(env: RankEnv, case: BadCallCase, shared: bad_calls.SharedBuffers) -> tuple[dict, dict]:
+    """Each row's bad call and neighbour with every selected backend of its API: ``(rows, the backends used by
+    name)``."""
     rows: dict[str, dict[str, Any]] = {}
     used: dict[str, Any] = {}  # backend name -> its spec
     for row_id in case.rows:
@@ -42,8 +52,6 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
                 continue
             used[spec.name] = spec
             module = get_adapter(spec).module
-            per_backend[spec.name] = {"raised": _raised(row["recipe"], module, env),
-                                      "neighbour": _raised(row["neighbour"], module, env)}
-    after = {name: env.call(spec, "dispatch", lambda adapter: adapter.dispatch(
-        env.inputs, env.example, DispatchOptions(), env.rank)[0]) for name, spec in used.items()}
-    return {"rows": rows, "after": after}
+            per_backend[spec.name] = {"raised": _raised(row["recipe"], module, env, shared),
+                                      "neighbour": _raised(row["neighbour"], module, env, shared)}
+    return rows, used
