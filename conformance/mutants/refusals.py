@@ -60,6 +60,8 @@ _drop("refusal-dropped-argument-combination", "v1_dispatch_alloc_on_comm_stream"
       "(argument-combination check)")
 _drop("refusal-dropped-use-after-destroy", "v2_dispatch_after_destroy",
       "V2 dispatch works on a destroyed buffer (buffer-state check)")
+_drop("refusal-dropped-event-type", "v2_dispatch_event_type",
+      "V2 dispatch accepts an EventOverlap as previous_event / previous_event_before_epilogue (argument type check)")
 
 
 TARGETS["refusal-full-batch-refused"] = "v2_dispatch_too_many_tokens"
