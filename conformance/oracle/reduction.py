@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conformance.core.example import Example, RankInputs
-from conformance.oracle.tree import TreePrediction, predict_levels
+from conformance.oracle.tree import TreePrediction, predict_tokens
 
 __all__ = [
     "ExpectedSum",
@@ -80,11 +80,8 @@ class ExpectedSum:
     def tree_of(self, groups: tuple[int, ...]) -> TreePrediction:
         """The tree of :func:`conformance.oracle.tree.predict_levels` with these inner levels (innermost first)."""
         if groups not in self._trees:
-            hidden = self.exact.shape[1]
-            rows = [predict_levels(contributions, biases, groups, hidden) for contributions, biases in self.terms]
             shape = tuple(self.exact.shape)
-            value = torch.stack([r[0] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bfloat16)
-            determined = torch.stack([r[1] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bool)
+            value, determined = predict_tokens(self.terms, groups, shape[1])
             self._trees[groups] = TreePrediction(value.reshape(shape), determined.reshape(shape), 1 + len(groups))
         return self._trees[groups]
 

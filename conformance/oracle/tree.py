@@ -100,19 +100,41 @@ def predict_levels(contributions: list[tuple[int, torch.Tensor]], biases: list[t
     keeps it: rounding a bf16 value changes nothing); the last level sums the biases and what is left, rounded once
     more.  ``groups=()``: one rounding; ``(ranks_per_node,)``: per node, then across nodes; ``(1, ranks_per_node)``:
     each rank's several rows of the token (V2 expand mode), then per node, then across nodes."""
-    empty = torch.zeros(0, hidden, dtype=torch.float64)
-    determined = torch.ones(hidden, dtype=torch.bool)
-    rows = [(dst, row) for dst, row in contributions]
+    value, determined = predict_tokens([(contributions, biases)], groups, hidden)
+    return value[0], determined[0]
+
+
+def _stacked(rows: list[list[torch.Tensor]], hidden: int) -> torch.Tensor:
+    """``[max rows, tokens, hidden]`` float64: token ``t``'s rows, padded with zero rows (a zero term changes neither
+    a float32 sum nor whether it is exact)."""
+    depth = max((len(r) for r in rows), default=0)
+    out = torch.zeros(depth, len(rows), hidden, dtype=torch.float64)
+    for t, token_rows in enumerate(rows):
+        for i, row in enumerate(token_rows):
+            out[i, t] = row
+    return out
+
+
+def predict_tokens(terms: list[tuple[list[tuple[int, torch.Tensor]], list[torch.Tensor]]], groups: tuple[int, ...],
+                   hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`predict_levels` of every token at once (``terms[t]``: token ``t``'s contributions and bias rows):
+    ``[T, hidden]`` bf16 values and where they are determined."""
+    rows = [[(dst, row.double()) for dst, row in contributions] for contributions, _ in terms]
+    determined = torch.ones(len(terms), hidden, dtype=torch.bool)
     for g in groups:
-        merged = []
-        for key in sorted({dst // g for dst, _ in rows}):
-            members = [row.double() for dst, row in rows if dst // g == key]
-            partial, exact = exact_float32_sum(torch.stack(members))
-            merged.append((key * g, round_bf16(partial)))
+        merged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in rows]
+        for key in sorted({dst // g for token_rows in rows for dst, _ in token_rows}):
+            members = [[row for dst, row in token_rows if dst // g == key] for token_rows in rows]
+            partial, exact = exact_float32_sum(_stacked(members, hidden))
             determined &= exact
+            rounded = round_bf16(partial).double()
+            for t, token_members in enumerate(members):
+                if token_members:
+                    merged[t].append((key * g, rounded[t]))
         rows = merged
-    terms = [b.double() for b in biases] + [row.double() for _, row in rows]
-    total, exact = exact_float32_sum(torch.stack(terms) if terms else empty)
+    last = [[b.double() for b in biases] + [row for _, row in token_rows]
+            for (_, biases), token_rows in zip(terms, rows, strict=True)]
+    total, exact = exact_float32_sum(_stacked(last, hidden))
     return round_bf16(total), determined & exact
 
 

@@ -2,11 +2,12 @@
 (``previous_event_before_epilogue``).
 
 Every case ends in a V2 combine, so hidden sizes are multiples of 256 (V2's combine rejects 128, a known limit that
-would leave these properties nothing to check).  P20 makes eight calls per example, so its examples are the smallest
-(at most 32 tokens per rank); the shared vocabulary's alignments (1, 2, 16, 128) with random counts give expand
-layouts with and without padding rows for ``do_zero_padding``.  P21 draws ``prefer_overlap_with_compute``,
-the biases, and exact (integer) or bounded (random) payloads, like P5; every case runs both values of
-``allow_multiple_reduction``, each with a plain and an expand-mode dispatch (four cheap combines).
+would leave these properties nothing to check); sizes stay small (hidden 256, at most 16 or 32 tokens per rank): the
+properties are about options, and P20 makes eight calls per example, P21 and P22 check four combines each.  The
+shared vocabulary's alignments (1, 2, 16, 128) with random counts give P20 expand layouts with and without padding
+rows for ``do_zero_padding``.  P21 draws the buffer's ``allow_multiple_reduction`` and
+``prefer_overlap_with_compute``, the biases, and exact (integer) or bounded (random) payloads, like P5; every case
+runs a plain and an expand-mode dispatch and combine on that buffer.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import Example
 from conformance.strategies import examples
 
-#: Hidden sizes V2's combine takes (256 first: Hypothesis shrinks towards it).
-OPTION_HIDDEN = (256, 512)
-#: Small pinned maxima: the properties are about options, not sizes.
-OPTION_MAX_TOKENS = (16, 64)
+#: The smallest hidden size V2's combine takes: the properties are about options, not sizes.
+OPTION_HIDDEN = (256,)
+#: Small pinned maxima, for the same reason (and every example ends in combines checked through the tree).
+OPTION_MAX_TOKENS = (16, 32)
 
 
 def v2_combine_examples(world_size: int, payloads: tuple[str, ...] = ("integers", "random"),
@@ -30,20 +31,22 @@ def v2_combine_examples(world_size: int, payloads: tuple[str, ...] = ("integers"
 
 
 def dispatch_option_examples(world_size: int) -> st.SearchStrategy[Example]:
-    """P20: the smallest examples (eight calls each): at most 16 or 32 tokens per rank, hidden 256 or 512."""
-    return v2_combine_examples(world_size, max_tokens=(16, 32))
+    """P20: cheap examples (eight calls each)."""
+    return v2_combine_examples(world_size)
 
 
 @st.composite
 def buffer_option_cases(draw: st.DrawFn, world_size: int) -> BufferOptionsCase:
-    """P21: ``prefer_overlap_with_compute`` of the buffers (the task runs both ``allow_multiple_reduction`` values,
-    expand and not), 0-2 biases, ``exact`` mode with integer payloads or ``bounded`` mode with random ones."""
+    """P21: ``allow_multiple_reduction`` and ``prefer_overlap_with_compute`` of the buffer (the task runs a plain and an
+    expand-mode combine on it), 0-2 biases, ``exact`` mode with integer payloads or ``bounded`` mode with random
+    ones."""
     mode = draw(st.sampled_from(BufferOptionsCase.MODES), label="mode")
     example = draw(v2_combine_examples(world_size, ("integers" if mode == "exact" else "random",)), label="example")
     case = BufferOptionsCase(
         example=example,
         num_bias=draw(st.integers(0, 2), label="num_bias"),
         mode=mode,
+        allow_multiple_reduction=draw(st.booleans(), label="allow_multiple_reduction"),
         prefer_overlap_with_compute=draw(st.booleans(), label="prefer_overlap_with_compute"),
     )
     case.validate()

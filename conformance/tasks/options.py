@@ -25,11 +25,12 @@ from conformance.tasks.events import finish_all, side_compute, stale_copy
 
 @dataclass
 class HandleCopyRun:
-    """A dispatch with ``do_handle_copy``, then (the caller's ``topk_idx`` changed in place after it, for ``True``)
-    a cached dispatch of :func:`second_payload` and an identity-expert combine with weights through its handle."""
+    """A dispatch with ``do_handle_copy``, then an identity-expert combine with weights through its handle; for
+    ``True`` the caller's ``topk_idx`` is changed in place right after the dispatch, and a cached dispatch of
+    :func:`second_payload` goes through the handle too."""
 
     view: DispatchView
-    cached: torch.Tensor  # [N, hidden]: the cached dispatch of the second payload (row order of ``view``)
+    cached: torch.Tensor | None  # [N, hidden]: the cached dispatch of the second payload (row order of ``view``)
     combined_x: torch.Tensor  # [T, hidden]
     combined_topk_weights: torch.Tensor | None
     reduction_group: int | None
@@ -43,9 +44,10 @@ def _handle_copy_run(env: RankEnv, adapter: Any, do_handle_copy: bool, stats: to
     options = DispatchOptions(do_handle_copy=do_handle_copy)
     view, raw = adapter.dispatch(RankInputs(inputs.x, topk_idx, inputs.topk_weights), env.example, options, env.rank,
                                  stats=stats)
+    cached = None
     if do_handle_copy:
         topk_idx.fill_(-1)  # the caller reuses its tensor: the handle must not see it
-    cached = adapter.cached_dispatch(raw, second_payload(env.example, env.rank).to(env.device)).cpu()
+        cached = adapter.cached_dispatch(raw, second_payload(env.example, env.rank).to(env.device)).cpu()
     combined_x, combined_w = adapter.combine(raw, raw["recv_x"], topk_weights=raw["recv_topk_weights"])
     return HandleCopyRun(view, cached, combined_x.cpu(), None if combined_w is None else combined_w.cpu(),
                          reduction_group(adapter, raw), do_handle_copy)
@@ -111,22 +113,17 @@ def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_
     return out, None
 
 
-#: The (allow_multiple_reduction, do_expand) runs of every P21 case.
-BUFFER_OPTION_RUNS = ((True, False), (True, True), (False, False), (False, True))
-
-
 @rank_task
 def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
-    """Per V2 backend with ``buffer_options``, for each ``(allow_multiple_reduction, do_expand)`` of
-    :data:`BUFFER_OPTION_RUNS`: dispatch on a buffer built with it and the case's ``prefer_overlap_with_compute``,
-    the test's experts (:func:`_expert_outputs`), combine with the case's biases (and, without expand, the
-    weights).  Expand-mode runs need the capability ``expand``."""
+    """Per V2 backend with ``buffer_options``, keyed by ``do_expand`` (False, and True with the capability ``expand``):
+    dispatch on a buffer built with the case's ``allow_multiple_reduction`` / ``prefer_overlap_with_compute``, the
+    test's experts (:func:`_expert_outputs`), combine with the case's biases (and, without expand, the weights)."""
     case: BufferOptionsCase = env.case
     example = case.example
     biases = [b.to(env.device) for b in build_biases(example, env.rank, case.num_bias)]
 
-    def one(adapter: Any, allow_multiple_reduction: bool, do_expand: bool) -> BufferOptionsResult:
-        options = DispatchOptions(do_expand=do_expand, allow_multiple_reduction=allow_multiple_reduction,
+    def one(adapter: Any, do_expand: bool) -> BufferOptionsResult:
+        options = DispatchOptions(do_expand=do_expand, allow_multiple_reduction=case.allow_multiple_reduction,
                                   prefer_overlap_with_compute=case.prefer_overlap_with_compute)
         view, raw = adapter.dispatch(env.inputs, example, options, env.rank)
         expert_x, expert_w = _expert_outputs(view, raw, env.rank, example.experts_per_rank, do_expand)
@@ -140,9 +137,8 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
                                    None if w is None else w.cpu(), reduction_group(adapter, raw),
                                    view.extras.get("num_bytes"), hints, view.extras.get("num_sms"))
 
-    def run(adapter: Any) -> dict[tuple[bool, bool], BufferOptionsResult]:
-        return {(amr, expand): one(adapter, amr, expand) for amr, expand in BUFFER_OPTION_RUNS
-                if not expand or adapter.spec.has("expand")}
+    def run(adapter: Any) -> dict[bool, BufferOptionsResult]:
+        return {expand: one(adapter, expand) for expand in (False, True) if not expand or adapter.spec.has("expand")}
 
     return env.each_backend("combine", run, api="v2", capability="buffer_options")
 
@@ -158,7 +154,7 @@ class EpilogueRun:
     reduction_group: int | None
 
 
-def _epilogue_run(env: RankEnv, adapter: Any, async_finish: bool) -> EpilogueRun:
+def _epilogue_run(env: RankEnv, adapter: Any, async_finish: bool) -> tuple[EpilogueRun, dict[str, Any]]:
     assert env.example is not None
     example = env.example
     value = second_payload(example, env.rank).to(env.device)
@@ -173,7 +169,7 @@ def _epilogue_run(env: RankEnv, adapter: Any, async_finish: bool) -> EpilogueRun
     combined, _ = adapter.combine(raw, raw["recv_x"], bias=bias, async_finish=async_finish, before_epilogue=event)
     combined = combined.cpu().clone()
     finish_all(env.device)
-    return EpilogueRun(dataclasses.replace(view, x=view.x.clone()), seen, combined, reduction_group(adapter, raw))
+    return EpilogueRun(dataclasses.replace(view, x=view.x.clone()), seen, combined, reduction_group(adapter, raw)), raw
 
 
 def _refused(call: Any) -> Raised:
@@ -184,37 +180,39 @@ def _refused(call: Any) -> Raised:
     return Raised.of(None)
 
 
-def _refusals(env: RankEnv, adapter: Any) -> dict[str, Any]:
-    """Built-in backends: an ``EventOverlap`` (not an ``EventHandle``) as ``previous_event_before_epilogue`` of
-    dispatch and of combine (refusal rows ``v2_dispatch_event_type`` / ``v2_combine_event_type``), each followed by
-    the valid call."""
+def _wrong_event_dispatch(env: RankEnv, adapter: Any) -> Raised:
+    """Built-in backends: dispatch with an ``EventOverlap`` (not an ``EventHandle``) as
+    ``previous_event_before_epilogue`` (refusal row ``v2_dispatch_event_type``)."""
     assert env.example is not None
     example, inputs = env.example, env.inputs
-    view, raw = adapter.dispatch(inputs, example, DispatchOptions(), env.rank)
-    buffer, handle = raw["buffer"], raw["handle"]
+    buffer = adapter.buffer(example)
     wrong = adapter.module.EventOverlap(buffer.capture())
-    out: dict[str, Any] = {
-        "dispatch_refused": _refused(lambda: buffer.dispatch(
-            inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
-            num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
-            previous_event_before_epilogue=wrong)),
-        "after_dispatch": adapter.dispatch(inputs, example, DispatchOptions(), env.rank)[0],
-        "combine_refused": _refused(lambda: buffer.combine(raw["recv_x"], handle,
-                                                           previous_event_before_epilogue=wrong)),
-    }
-    out["after_combine"] = adapter.combine(raw, raw["recv_x"])[0].cpu()
-    return out
+    return _refused(lambda: buffer.dispatch(
+        inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
+        num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
+        previous_event_before_epilogue=wrong))
+
+
+def _wrong_event_combine(adapter: Any, raw: dict[str, Any]) -> Raised:
+    """Built-in backends: combine with an ``EventOverlap`` as ``previous_event_before_epilogue`` (refusal row
+    ``v2_combine_event_type``)."""
+    wrong = adapter.module.EventOverlap(raw["buffer"].capture())
+    return _refused(lambda: raw["buffer"].combine(raw["recv_x"], raw["handle"], previous_event_before_epilogue=wrong))
 
 
 @rank_task
 def epilogue_event_runs(env: RankEnv) -> dict[str, Any]:
-    """Per V2 backend with ``epilogue_events``: ``sync`` and ``async`` (:class:`EpilogueRun`), and for the built-in
-    adapters the refusals of a wrong event type (:func:`_refusals`)."""
+    """Per V2 backend with ``epilogue_events``: ``sync`` and ``async`` (:class:`EpilogueRun`); the built-in adapters
+    also make a dispatch with a wrong event type before the sync run (``dispatch_refused``) and a combine with one
+    before the async run (``combine_refused``), so each refusal is followed by valid calls whose results are checked."""
 
     def run(adapter: Any) -> dict[str, Any]:
-        out: dict[str, Any] = {"sync": _epilogue_run(env, adapter, False), "async": _epilogue_run(env, adapter, True)}
-        if not adapter.spec.plugin:
-            out.update(_refusals(env, adapter))
+        builtin = not adapter.spec.plugin
+        out: dict[str, Any] = {"dispatch_refused": _wrong_event_dispatch(env, adapter)} if builtin else {}
+        out["sync"], raw = _epilogue_run(env, adapter, False)
+        if builtin:
+            out["combine_refused"] = _wrong_event_combine(adapter, raw)
+        out["async"], _ = _epilogue_run(env, adapter, True)
         return out
 
     try:
