@@ -72,11 +72,10 @@ class CombineCase(ExampleCase):
 
 @dataclass(frozen=True)
 class BufferOptionsCase(CombineCase):
-    """How P21 builds the V2 buffer and calls combine: the constructor's ``allow_multiple_reduction`` and
-    ``prefer_overlap_with_compute`` (every case runs a plain and an expand-mode dispatch and combine on it), and P5's
-    ``num_bias`` / ``mode``."""
+    """How P21 builds the V2 buffers and calls combine: the constructor's ``prefer_overlap_with_compute`` (every case
+    runs both ``allow_multiple_reduction`` values, each with a plain and an expand-mode dispatch and combine), and
+    P5's ``num_bias`` / ``mode``."""
 
-    allow_multiple_reduction: bool = True
     prefer_overlap_with_compute: bool = True
 
 

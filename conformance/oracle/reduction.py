@@ -23,6 +23,7 @@ __all__ = [
     "expected_combined_weights",
     "expected_dispatch_backward",
     "expected_expanded_combine",
+    "expanded_expert_scale",
     "expected_round_trip_bf16",
     "expected_round_trip_sum",
     "expected_rows_by_source",
@@ -136,10 +137,16 @@ def expected_scaled_combine(
     return reduce_terms(rank_inputs.x.shape[0], example.hidden, contributions, biases, ranks_per_node)
 
 
+def expanded_expert_scale(expert: int) -> int:
+    """The factor the test's expert ``expert`` (global index) multiplies its expanded rows by (V2 expand mode): odd
+    and above 32, so that a rank's experts return different rows for one token and integer rows (at most 8 in
+    magnitude) sum past bf16's 8 significant bits, where every rounding of the reduction tree shows."""
+    return 33 + 2 * expert
+
+
 def scaled_expanded_row(row: torch.Tensor, expert: int) -> torch.Tensor:
-    """What the test's expert ``expert`` (global index) returns for one of its expanded rows (V2 expand mode):
-    ``bf16(row * (1 + expert))``, so that a rank's several experts return different rows for one token."""
-    return (row.float() * (1 + expert)).to(torch.bfloat16)
+    """What the test's expert ``expert`` returns for one of its expanded rows: ``bf16(row * expanded_expert_scale)``."""
+    return (row.float() * expanded_expert_scale(expert)).to(torch.bfloat16)
 
 
 def expected_expanded_combine(

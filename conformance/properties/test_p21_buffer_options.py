@@ -5,13 +5,14 @@ from the kernels): with it, each node's forwarder rounds its ranks' partial sum 
 (several nodes), and in expand mode each rank first sums and rounds its own rows of a token; without it every row
 travels unreduced and the receiver rounds once.  So on one node a plain combine is the same either way, and an
 expand-mode combine is not.  ``prefer_overlap_with_compute`` only changes how many SMs / channels the kernels use,
-never the bytes.  Every case runs a plain and an expand-mode dispatch and combine on a buffer built with its
-options.  The check: combine (P5's experts without expand; in expand mode each expert ``e`` returns its rows times
-``1 + e``) equals the oracle through the tree the options select, byte for byte wherever its float32 sums are exact,
-within the bound of that many roundings elsewhere; the backend's own statement of its tree (``reduction_group``,
-plain mode) agrees; and ``get_buffer_size_hint`` with the same ``allow_multiple_reduction`` is the size the buffer
-was built with, never smaller without it (its combine layouts hold ``num_topk`` rows per token instead of
-``min(num_ranks, num_topk)``, csrc/elastic/buffer.hpp:616-648).
+never the bytes.  Every case runs both values of ``allow_multiple_reduction``, each with a plain and an expand-mode
+dispatch and combine, on buffers built with the case's ``prefer_overlap_with_compute``.  The check: combine (P5's
+experts without expand; in expand mode each expert ``e`` returns its rows times ``33 + 2 e``) equals the oracle
+through the tree the options select, byte for byte wherever its float32 sums are exact, within the bound of that
+many roundings elsewhere; the backend's own statement of its tree (``reduction_group``, plain mode) agrees; and
+``get_buffer_size_hint`` with the same ``allow_multiple_reduction`` is the size the buffer was built with, never
+smaller without it (its combine layouts hold ``num_topk`` rows per token instead of ``min(num_ranks, num_topk)``,
+csrc/elastic/buffer.hpp:616-648).
 """
 
 from __future__ import annotations
@@ -36,20 +37,20 @@ from conformance.tasks.options import BufferOptionsResult, buffer_option_combine
 
 
 def check(ctx: CheckContext, case: BufferOptionsCase, per_rank: list[dict[str, Any]]) -> None:
-    """The plain and the expand-mode run: combined_x through the tree the options select, combined weights (plain
-    mode) as P5's, the backend's tree statement and the size hint consistent with them."""
+    """Every (allow_multiple_reduction, do_expand) run: combined_x through the tree those options select, combined
+    weights (plain mode) as P5's, the backend's tree statement and the size hint consistent with them."""
     __tracebackhide__ = True
     example, shape = case.example, ctx.shape
     inputs = build_all_inputs(example)
 
-    def one(rank: int, backend: str, runs: dict[bool, BufferOptionsResult]) -> None:
+    def one(rank: int, backend: str, runs: dict[tuple[bool, bool], BufferOptionsResult]) -> None:
         biases = build_biases(example, rank, case.num_bias)
-        oracle = {False: expected_scaled_combine, True: expected_expanded_combine}
-        if True not in runs:
+        expected = {False: expected_scaled_combine(example, inputs, rank, biases, shape.ranks_per_node),
+                    True: expected_expanded_combine(example, inputs, rank, biases, shape.ranks_per_node)}
+        if not any(do_expand for _, do_expand in runs):
             ctx.record_not_checked(backend, "expand-mode combines (capability expand)")
-        for do_expand, result in runs.items():
-            expected = oracle[do_expand](example, inputs, rank, biases, shape.ranks_per_node)
-            check_run(ctx, case, rank, backend, case.allow_multiple_reduction, do_expand, result, expected, inputs)
+        for (amr, do_expand), result in runs.items():  # one ExpectedSum per mode: its trees are cached
+            check_run(ctx, case, rank, backend, amr, do_expand, result, expected[do_expand], inputs)
 
     for_each_backend(ctx, case, per_rank, one)
 

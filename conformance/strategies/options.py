@@ -3,11 +3,11 @@
 
 Every case ends in a V2 combine, so hidden sizes are multiples of 256 (V2's combine rejects 128, a known limit that
 would leave these properties nothing to check); sizes stay small (hidden 256, at most 16 or 32 tokens per rank): the
-properties are about options, and P20 makes eight calls per example, P21 and P22 check four combines each.  The
+properties are about options, and P20 makes seven calls per example, P21 and P22 check four combines each.  The
 shared vocabulary's alignments (1, 2, 16, 128) with random counts give P20 expand layouts with and without padding
-rows for ``do_zero_padding``.  P21 draws the buffer's ``allow_multiple_reduction`` and
-``prefer_overlap_with_compute``, the biases, and exact (integer) or bounded (random) payloads, like P5; every case
-runs a plain and an expand-mode dispatch and combine on that buffer.
+rows for ``do_zero_padding``.  P21 draws ``prefer_overlap_with_compute``, the biases, and exact (integer) or bounded
+(random) payloads, like P5; every case runs both values of ``allow_multiple_reduction``, each with a plain and an
+expand-mode dispatch and combine (so every multi-slot token tells the trees apart).
 """
 
 from __future__ import annotations
@@ -37,16 +37,15 @@ def dispatch_option_examples(world_size: int) -> st.SearchStrategy[Example]:
 
 @st.composite
 def buffer_option_cases(draw: st.DrawFn, world_size: int) -> BufferOptionsCase:
-    """P21: ``allow_multiple_reduction`` and ``prefer_overlap_with_compute`` of the buffer (the task runs a plain and an
-    expand-mode combine on it), 0-2 biases, ``exact`` mode with integer payloads or ``bounded`` mode with random
-    ones."""
+    """P21: ``prefer_overlap_with_compute`` of the buffers (the task runs both ``allow_multiple_reduction`` values, a
+    plain and an expand-mode combine each), 0-2 biases, ``exact`` mode with integer payloads or ``bounded`` mode with
+    random ones."""
     mode = draw(st.sampled_from(BufferOptionsCase.MODES), label="mode")
     example = draw(v2_combine_examples(world_size, ("integers" if mode == "exact" else "random",)), label="example")
     case = BufferOptionsCase(
         example=example,
         num_bias=draw(st.integers(0, 2), label="num_bias"),
         mode=mode,
-        allow_multiple_reduction=draw(st.booleans(), label="allow_multiple_reduction"),
         prefer_overlap_with_compute=draw(st.booleans(), label="prefer_overlap_with_compute"),
     )
     case.validate()

@@ -98,7 +98,8 @@ class BufferOptionsResult:
 def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_per_rank: int, do_expand: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The test's experts: without expand, every received row and weight times ``1 + rank`` (P5's); in expand mode,
-    each expert ``e`` (global index) returns its rows times ``1 + e`` (padding rows are returned as received)."""
+    each expert ``e`` (global index) returns its rows times ``33 + 2 e`` (the oracle's ``expanded_expert_scale``;
+    padding rows are returned as received)."""
     recv_x = raw["recv_x"]
     if not do_expand:
         scale = torch.tensor(float(1 + rank), dtype=torch.float32, device=recv_x.device)
@@ -109,21 +110,22 @@ def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_
     for local, (end, count) in enumerate(zip(ends, counts, strict=True)):
         expert = rank * experts_per_rank + local
         rows = slice(int(end) - int(count), int(end))
-        out[rows] = (recv_x[rows].float() * (1 + expert)).to(torch.bfloat16)
+        out[rows] = (recv_x[rows].float() * (33 + 2 * expert)).to(torch.bfloat16)
     return out, None
 
 
 @rank_task
 def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
-    """Per V2 backend with ``buffer_options``, keyed by ``do_expand`` (False, and True with the capability ``expand``):
-    dispatch on a buffer built with the case's ``allow_multiple_reduction`` / ``prefer_overlap_with_compute``, the
-    test's experts (:func:`_expert_outputs`), combine with the case's biases (and, without expand, the weights)."""
+    """Per V2 backend with ``buffer_options``, keyed by ``(allow_multiple_reduction, do_expand)`` (both flags; expand
+    mode with the capability ``expand``): dispatch on a buffer built with that and the case's
+    ``prefer_overlap_with_compute``, the test's experts (:func:`_expert_outputs`), combine with the case's biases
+    (and, without expand, the weights)."""
     case: BufferOptionsCase = env.case
     example = case.example
     biases = [b.to(env.device) for b in build_biases(example, env.rank, case.num_bias)]
 
-    def one(adapter: Any, do_expand: bool) -> BufferOptionsResult:
-        options = DispatchOptions(do_expand=do_expand, allow_multiple_reduction=case.allow_multiple_reduction,
+    def one(adapter: Any, allow_multiple_reduction: bool, do_expand: bool) -> BufferOptionsResult:
+        options = DispatchOptions(do_expand=do_expand, allow_multiple_reduction=allow_multiple_reduction,
                                   prefer_overlap_with_compute=case.prefer_overlap_with_compute)
         view, raw = adapter.dispatch(env.inputs, example, options, env.rank)
         expert_x, expert_w = _expert_outputs(view, raw, env.rank, example.experts_per_rank, do_expand)
@@ -137,8 +139,9 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
                                    None if w is None else w.cpu(), reduction_group(adapter, raw),
                                    view.extras.get("num_bytes"), hints, view.extras.get("num_sms"))
 
-    def run(adapter: Any) -> dict[bool, BufferOptionsResult]:
-        return {expand: one(adapter, expand) for expand in (False, True) if not expand or adapter.spec.has("expand")}
+    def run(adapter: Any) -> dict[tuple[bool, bool], BufferOptionsResult]:
+        return {(amr, expand): one(adapter, amr, expand) for amr in (True, False) for expand in (False, True)
+                if not expand or adapter.spec.has("expand")}
 
     return env.each_backend("combine", run, api="v2", capability="buffer_options")
 
