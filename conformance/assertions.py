@@ -359,13 +359,15 @@ def assert_fields_identical(first: dict[str, Any], other: dict[str, Any], *, ran
 
 
 def assert_within_bound(got: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str, rank: int,
-                        call: str) -> None:
-    """Every element of bf16 ``got`` is within ``oracle.bounds.reduction_bound`` of the exact sum."""
+                        call: str, levels: int | None = None) -> None:
+    """Every element of bf16 ``got`` is within ``oracle.bounds.reduction_bound`` of the exact sum (``levels``: the
+    tree's roundings, when more than ``two_level`` says)."""
     __tracebackhide__ = True
     if got.shape != expected.exact.shape:
         raise AssertionError(
             f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
-    bound = reduction_bound(got, expected, two_level)
+    levels = (2 if two_level else 1) if levels is None else levels
+    bound = reduction_bound(got, expected, two_level, levels)
     error = (got.to(torch.float64) - expected.exact).abs()
     bad = ~(error <= bound)  # NaN errors count as violations
     if not bool(bad.any()):
@@ -376,19 +378,21 @@ def assert_within_bound(got: torch.Tensor, expected: ExpectedSum, *, two_level: 
         f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r} is "
         f"{float(error[token, col]):.6g} from the exact sum {float(expected.exact[token, col])!r}, more than the "
         f"bound {float(bound[token, col]):.6g} (1/2 ulp_bf16 + float32 accumulation over "
-        f"{int(expected.num_terms[token])} term(s){', two-level' if two_level else ''}); "
+        f"{int(expected.num_terms[token])} term(s){f', {levels} levels' if levels > 1 else ''}); "
         f"{int(bad.sum())} element(s) out of bound [{call}]",
         mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], exact, [col],
                         against="the exact sum (float32 shown)", call=call, tokens=[(rank, token)]),
     )
 
 
-def describe_tree(levels: int, ranks_per_group: int) -> str:
-    """The reduction tree in words, as messages show it."""
-    if levels == 1:
+def describe_groups(groups: tuple[int, ...]) -> str:
+    """The tree of inner levels ``groups`` (innermost first, see ``oracle.tree.predict_levels``) in words."""
+    if not groups:
         return "one float32 sum of the contributions and biases, rounded once to bf16"
-    return (f"the contributions of each group of {ranks_per_group} rank(s) (a node) summed in float32 and rounded to "
-            f"bf16, then the biases and those partials summed in float32 and rounded again")
+    steps = [("each rank's own rows of the token (expanded slots)" if g == 1 else
+              f"the contributions of each group of {g} rank(s) (a node)") + " summed in float32 and rounded to bf16"
+             for g in groups]
+    return ", then ".join(steps) + ", then the biases and those partials summed in float32 and rounded again"
 
 
 def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_group: int | None, world_size: int,
@@ -398,16 +402,28 @@ def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_grou
     backend's tree (``None``: the backend does not say, the bound with ``two_level`` applies everywhere).
     ``require_determined``: the case was drawn so that every element is determined (exact mode)."""
     __tracebackhide__ = True
-    if got.shape != expected.exact.shape:
-        raise AssertionError(
-            f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
     if ranks_per_group is None:
+        if got.shape != expected.exact.shape:
+            raise AssertionError(
+                f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
         if require_determined:
             assert_bytes_equal(got, expected.rounded(), name=name, rank=rank, call=call)
         else:
             assert_within_bound(got, expected, two_level=two_level, name=name, rank=rank, call=call)
         return
-    tree = expected.tree(ranks_per_group, world_size)
+    groups = (ranks_per_group,) if ranks_per_group < world_size else ()
+    assert_tree(got, expected, groups, name=name, rank=rank, call=call, require_determined=require_determined)
+
+
+def assert_tree(got: torch.Tensor, expected: ExpectedSum, groups: tuple[int, ...], *, name: str, rank: int, call: str,
+                require_determined: bool = False) -> None:
+    """``got`` against the reduction tree with inner levels ``groups`` (``oracle.tree.predict_levels``): byte for
+    byte wherever every float32 sum of the tree is exact, within the bound of that many levels elsewhere."""
+    __tracebackhide__ = True
+    if got.shape != expected.exact.shape:
+        raise AssertionError(
+            f"{name}[rank {rank}] has shape {tuple(got.shape)}, expected {tuple(expected.exact.shape)} [{call}]")
+    tree = expected.tree_of(groups)
     if require_determined and not bool(tree.determined.all()):
         token, col = (int(i) for i in (~tree.determined).nonzero()[0])
         raise AssertionError(f"the suite drew an exact-mode case whose float32 sums are not exact at {name}[rank "
@@ -418,7 +434,7 @@ def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_grou
         columns = differs[token].nonzero().flatten().tolist()
         raise Mismatch(
             f"{where(name, rank, (token, col), ('token', 'col'))} = {float(got[token, col])!r}, but the library's "
-            f"reduction tree ({describe_tree(tree.levels, ranks_per_group)}) gives "
+            f"reduction tree ({describe_groups(groups)}) gives "
             f"{float(tree.value[token, col])!r} exactly here (every float32 sum on the way is exact); "
             f"{int(differs.sum())} element(s) differ [{call}]",
             mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], tree.value[token], columns,
@@ -427,7 +443,7 @@ def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_grou
     rest = ~tree.determined
     if bool(rest.any()):
         assert_within_bound(torch.where(rest, got, tree.value), expected, two_level=tree.levels == 2, name=name,
-                            rank=rank, call=call)
+                            rank=rank, call=call, levels=tree.levels)
 
 
 def assert_close_across(got: torch.Tensor, other: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str,
@@ -507,18 +523,25 @@ def assert_sum_or_special(got: torch.Tensor, expected: ExpectedSum, expected_bf1
                         rank=rank, call=call)
 
 
-def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str, rank: int, call: str) -> None:
+def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str, rank: int, call: str,
+                              label: str = "token", why: str = "reached no rank and must come back as +0.0") -> None:
     """The rows ``tokens`` of ``got`` are all +0.0 (bit pattern 0), as combine returns for a token that reached
-    no rank."""
+    no rank (``label`` / ``why``: how the message names a row and says why it must be zero)."""
     __tracebackhide__ = True
-    for token in tokens:
-        bits = got[token].contiguous().view(torch.int16)
-        if bool((bits != 0).any()):
-            columns = (bits != 0).nonzero().flatten().tolist()
-            raise AssertionError(
-                f"{name}[rank {rank}, token {token}] reached no rank and must come back as +0.0, got "
-                f"{hex_row(got[token], columns[:MAX_COLUMNS])} ({len(columns)} non-+0.0 column(s)) [{call}]"
-            )
+    if not tokens:
+        return
+    int_dtype = _INT_OF_WIDTH[got.element_size()]
+    bits = got[torch.tensor(tokens, dtype=torch.int64)].reshape(len(tokens), -1).contiguous().view(int_dtype)
+    bad = (bits != 0).any(dim=1)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0])
+        token, row = tokens[index], got[tokens[index]].reshape(-1)
+        columns = (bits[index] != 0).nonzero().flatten().tolist()
+        raise AssertionError(
+            f"{name}[rank {rank}, {label} {token}] {why}, got "
+            f"{hex_row(row, columns[:MAX_COLUMNS])} ({len(columns)} non-+0.0 column(s)); {int(bad.sum())} such "
+            f"{label}(s) [{call}]"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- refusals

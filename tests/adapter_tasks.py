@@ -116,3 +116,20 @@ def v2_previous_event_convention() -> list:
     adapter.dispatch(build_rank_inputs(example, ctx.rank), example, options, ctx.rank)
     adapter.destroy()
     return log
+
+
+def v2_option_conventions() -> list:
+    """The V2 dispatch / buffer options and the epilogue event through the V2 adapter; return the call log."""
+    ctx = context()
+    log: list = []
+    adapter = ElasticAdapter(BackendSpec("emulated", "v2"), spy_module(log), ctx.group, ctx.num_nodes)
+    example = Example((5, 3), 256, 2, 4, seed=5, expert_alignment=2)
+    inputs = build_rank_inputs(example, ctx.rank)
+    stats = torch.zeros(example.experts_per_rank, dtype=torch.int32)
+    options = DispatchOptions(do_handle_copy=False, allow_multiple_reduction=False, prefer_overlap_with_compute=False)
+    _, raw = adapter.dispatch(inputs, example, options, ctx.rank, stats=stats, before_epilogue=adapter.capture())
+    adapter.combine(raw, raw["recv_x"], before_epilogue=adapter.capture())
+    expand = DispatchOptions(do_expand=True, do_zero_padding=True, do_cpu_sync=False)
+    adapter.dispatch(inputs, example, expand, ctx.rank)  # the default buffer options: another buffer
+    adapter.destroy()
+    return log

@@ -97,3 +97,18 @@ def test_v2_previous_event_comes_from_capture_with_comm_stream_allocation(world)
     assert dispatch["previous_event"] == "EventHandle", "previous_event is a captured EventHandle"
     assert dispatch["allocate_on_comm_stream"] is True, "V2 refuses previous_event without it"
     assert dispatch["async_with_compute_stream"] is True
+
+
+def test_v2_options_reach_the_library(world) -> None:
+    log = world.run("tests.adapter_tasks:v2_option_conventions", timeout=120)[0]
+    first, second = _calls(log, "ElasticBuffer")
+    assert (first["allow_multiple_reduction"], first["prefer_overlap_with_compute"]) == (False, False)
+    assert (second["allow_multiple_reduction"], second["prefer_overlap_with_compute"]) == (True, True), \
+        "buffer options are part of the buffer's key"
+    with_options, expand = _calls(log, "ElasticBuffer.dispatch")
+    assert with_options["do_handle_copy"] is False and with_options["cumulative_local_expert_recv_stats"] == "Tensor"
+    assert with_options["previous_event_before_epilogue"] == "EventHandle"
+    assert with_options["allocate_on_comm_stream"] is False, "the epilogue event needs no comm-stream allocation"
+    assert (expand["do_expand"], expand["do_zero_padding"], expand["do_cpu_sync"]) == (True, True, False)
+    (combine,) = _calls(log, "ElasticBuffer.combine")
+    assert combine["previous_event_before_epilogue"] == "EventHandle"

@@ -43,16 +43,25 @@ class Backend(Protocol):
     spec: BackendSpec
     api: str  # "v1" or "v2": the API contract the backend follows (e.g. expand mode and the QP cap are V2's)
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int
-                 ) -> tuple[DispatchView, Raw]:
-        """Dispatch this rank's ``inputs`` of ``example`` (``options``: async, previous_event, expand, ...)."""
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
+                 stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple[DispatchView, Raw]:
+        """Dispatch this rank's ``inputs`` of ``example`` (``options``: async, previous_event, expand, the V2
+        dispatch and buffer options, ...).  ``stats``: an int32 ``[num_local_experts]`` tensor the call adds its
+        per-local-expert receipts to (``cumulative_local_expert_recv_stats``, capability ``dispatch_options``);
+        ``before_epilogue``: an event of :meth:`capture` the call's epilogue waits for
+        (``previous_event_before_epilogue``, capability ``epilogue_events``).  Tasks pass both only to backends
+        declaring the capability."""
         ...
 
     def combine(self, raw: Raw, x: torch.Tensor, topk_weights: torch.Tensor | None = None,
-                bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None, async_finish: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Combine expert outputs ``x`` (rows as received) back to their source tokens (capability ``combine``)."""
+                bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None, async_finish: bool = False, *,
+                before_epilogue: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Combine expert outputs ``x`` (rows as received) back to their source tokens (capability ``combine``;
+        ``before_epilogue``: as for :meth:`dispatch`, the reduce epilogue waits for it)."""
         ...
+
+    # Optional: ``capture() -> event``, an event on the current stream of the backend's own kind (capability
+    # ``epilogue_events``: what ``before_epilogue`` takes).
 
     def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
         """Dispatch ``x`` through the handle in ``raw`` (capability ``cached_dispatch``)."""
@@ -76,7 +85,8 @@ class Backend(Protocol):
     # how many consecutive ranks' contributions are summed in float32 and rounded to the payload dtype before
     # the last level (the ranks of one node; the group size when combine rounds once).  With it, the checks
     # predict combine's bytes wherever the float32 sums are exact; without it (or ``None``) they use the
-    # error bound only.
+    # error bound only.  (It describes one contribution per rank, as a non-expand combine has; V2 expand mode
+    # with allow_multiple_reduction adds a per-rank level first: P21 holds the backend to the source's tree.)
 
     def destroy(self) -> None:
         """Release the buffers (before the process group goes away)."""

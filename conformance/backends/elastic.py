@@ -1,6 +1,7 @@
 """Adapter for the elastic API, ``deep_ep.ElasticBuffer`` ("V2"), with production call conventions.
 
-One buffer per (pinned ``num_max_tokens_per_rank``, hidden, top-k, deterministic), ``num_allocated_qps=0``
+One buffer per (pinned ``num_max_tokens_per_rank``, hidden, top-k, deterministic, allow_multiple_reduction,
+prefer_overlap_with_compute), ``num_allocated_qps=0``
 (the automatic cap), ``explicitly_destroy=True`` with :meth:`ElasticAdapter.destroy` run before the
 process group goes away (the real V2 crashed with an illegal memory access otherwise).
 """
@@ -31,9 +32,11 @@ class ElasticAdapter(AdapterBase):
         super().__init__(spec, module, group, num_nodes)
         self._buffers: OrderedDict[tuple, Any] = OrderedDict()
 
-    def buffer(self, example: Example, deterministic: bool = False) -> Any:
-        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k, deterministic)."""
-        key = (example.num_max_tokens_per_rank, example.hidden, example.num_topk, deterministic)
+    def buffer(self, example: Example, deterministic: bool = False, allow_multiple_reduction: bool = True,
+               prefer_overlap_with_compute: bool = True) -> Any:
+        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k) with these options."""
+        key = (example.num_max_tokens_per_rank, example.hidden, example.num_topk, deterministic,
+               allow_multiple_reduction, prefer_overlap_with_compute)
         if key in self._buffers:
             self._buffers.move_to_end(key)
             return self._buffers[key]
@@ -46,10 +49,22 @@ class ElasticAdapter(AdapterBase):
             hidden=example.hidden,
             num_topk=example.num_topk,
             deterministic=deterministic,
+            allow_multiple_reduction=allow_multiple_reduction,
+            prefer_overlap_with_compute=prefer_overlap_with_compute,
             num_allocated_qps=0,
             explicitly_destroy=True,
         )
         return self._buffers[key]
+
+    def size_hint(self, example: Example, allow_multiple_reduction: bool = True) -> int:
+        """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (what :meth:`buffer` gets by default)."""
+        return int(self.module.ElasticBuffer.get_buffer_size_hint(
+            self.group, example.num_max_tokens_per_rank, example.hidden, example.num_topk,
+            allow_multiple_reduction=allow_multiple_reduction))
+
+    def capture(self) -> Any:
+        """An event on the current stream (``ElasticBuffer.capture()``), for ``before_epilogue``."""
+        return self.module.ElasticBuffer.capture()
 
     def destroy(self) -> None:
         """Destroy every buffer (before the process group goes away)."""
@@ -72,25 +87,38 @@ class ElasticAdapter(AdapterBase):
             f"ElasticBuffer.dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
             f"topk_weights, num_experts={example.num_experts}, "
             f"num_max_tokens_per_rank={example.num_max_tokens_per_rank}, "
-            f"expert_alignment={example.expert_alignment}, do_expand={options.do_expand}) on rank {rank}"
+            f"expert_alignment={example.expert_alignment}, do_expand={options.do_expand}"
+            + "".join(f", {name}={value}" for name, value in options.non_default().items()
+                      if name not in ("allow_multiple_reduction", "prefer_overlap_with_compute"))
+            + f") on rank {rank}"
             + (" [deterministic buffer]" if options.deterministic else "")
+            + "".join(f" [buffer {name}={value}]" for name, value in options.non_default().items()
+                      if name in ("allow_multiple_reduction", "prefer_overlap_with_compute"))
         )
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
-        """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
-        buffer = self.buffer(example, options.deterministic)
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
+                 stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple:
+        """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``stats`` /
+        ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``."""
+        buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
+                             options.prefer_overlap_with_compute)
         previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
             inputs.x,
             topk_idx=inputs.topk_idx,
             topk_weights=inputs.topk_weights,
+            cumulative_local_expert_recv_stats=stats,
             num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             expert_alignment=example.expert_alignment,
-            async_with_compute_stream=options.async_finish,
             previous_event=previous,
+            previous_event_before_epilogue=before_epilogue,  # needs no allocate_on_comm_stream (buffer.hpp:551-553)
+            async_with_compute_stream=options.async_finish,
             allocate_on_comm_stream=previous is not None,  # V2 refuses previous_event otherwise
+            do_handle_copy=options.do_handle_copy,
+            do_cpu_sync=options.do_cpu_sync,
             do_expand=options.do_expand,
+            do_zero_padding=options.do_zero_padding,
         )
         if options.async_finish:
             event.current_stream_wait()
@@ -113,6 +141,10 @@ class ElasticAdapter(AdapterBase):
                 "num_recv_tokens": int(handle.num_recv_tokens),
                 "recv_src_metadata": handle.recv_src_metadata.cpu(),
                 "num_sms": handle.num_sms,
+                "num_bytes": int(buffer.num_bytes),
+                # do_handle_copy=False keeps the caller's topk_idx in the handle (deep_ep/buffers/elastic.py:1005)
+                "handle_topk_idx_is_input": handle.topk_idx is inputs.topk_idx or (
+                    inputs.topk_idx.numel() > 0 and handle.topk_idx.data_ptr() == inputs.topk_idx.data_ptr()),
             },
         )
         return view, {"handle": handle, "buffer": buffer, "recv_x": recv_x, "recv_topk_weights": recv_w}
@@ -124,10 +156,14 @@ class ElasticAdapter(AdapterBase):
         topk_weights: torch.Tensor | None = None,
         bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
         async_finish: bool = False,
+        *,
+        before_epilogue: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``ElasticBuffer.combine`` with ``num_sms=0``: the SM count of the dispatch handle is reused."""
+        """``ElasticBuffer.combine`` with ``num_sms=0``: the SM count of the dispatch handle is reused
+        (``before_epilogue``: ``previous_event_before_epilogue``)."""
         combined_x, combined_w, event = raw["buffer"].combine(
-            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0, async_with_compute_stream=async_finish
+            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0,
+            previous_event_before_epilogue=before_epilogue, async_with_compute_stream=async_finish
         )
         if async_finish:
             event.current_stream_wait()

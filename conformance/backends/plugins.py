@@ -189,6 +189,30 @@ class PluginBackend:
             self._require("deterministic", "a deterministic=True dispatch")
         if options.async_finish or options.previous_event:
             self._require("events", "async_finish / previous_event")
+        self._unsupported_options(options.non_default(), stats=None, before_epilogue=None)
+
+    #: The capability each V2 dispatch / buffer option belongs to.
+    OPTION_CAPABILITIES = {"do_handle_copy": "dispatch_options", "do_zero_padding": "dispatch_options",
+                           "stats": "dispatch_options", "do_cpu_sync": "worst_case",
+                           "allow_multiple_reduction": "buffer_options",
+                           "prefer_overlap_with_compute": "buffer_options",
+                           "before_epilogue": "epilogue_events"}
+
+    def _unsupported_options(self, options: dict[str, Any], **extra: Any) -> None:
+        """Refuse (``NotSupported``) the V2 options ``dispatch_tokens`` / ``combine_tokens`` do not take: a plug-in
+        that declares their capability overrides ``dispatch`` / ``combine`` (and ``capture``) to honour them."""
+        given = {**options, **{name: value for name, value in extra.items() if value is not None}}
+        for name in given:
+            capability = self.OPTION_CAPABILITIES[name]
+            self._require(capability, name)
+            raise NotSupported(f"{self.spec.name} declares '{capability}' but PluginBackend's dispatch_tokens / "
+                               f"combine_tokens take no {name}: override dispatch / combine to pass it")
+
+    def capture(self) -> Any:
+        """Capability ``epilogue_events``: override to return an event of your library (what ``before_epilogue``
+        takes)."""
+        self._require("epilogue_events", "capture()")
+        raise NotSupported(f"{self.spec.name} declares 'epilogue_events' but does not override PluginBackend.capture")
 
     def alignment(self, example: Example) -> int:
         """The ``expert_alignment`` the wrapper gets: the example's with the capability ``expert_alignment``, else
@@ -225,19 +249,21 @@ class PluginBackend:
         return {"dispatched": dispatched, "handle": dispatched.handle, "recv_x": dispatched.recv_x,
                 "recv_topk_weights": dispatched.recv_topk_weights}
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int
-                 ) -> tuple[DispatchView, Raw]:
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
+                 stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple[DispatchView, Raw]:
         """See :class:`~conformance.backends.contract.Backend`."""
         self._check_dispatch(example, options)
+        self._unsupported_options({}, stats=stats, before_epilogue=before_epilogue)
         dispatched = self.dispatch_tokens(inputs.x, inputs.topk_idx, inputs.topk_weights, example.num_experts,
                                           expert_alignment=self.alignment(example), async_finish=options.async_finish,
                                           previous_event=options.previous_event)
         return self._view(dispatched, example, rank, options, inputs.x), self._raw(dispatched)
 
     def combine(self, raw: Raw, x: torch.Tensor, topk_weights: torch.Tensor | None = None, bias: Any = None,
-                async_finish: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                async_finish: bool = False, *, before_epilogue: Any = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """See :class:`~conformance.backends.contract.Backend`."""
         self._require("combine", "combine")
+        self._unsupported_options({}, before_epilogue=before_epilogue)
         if topk_weights is not None:
             self._require("combine_weights", "combine(topk_weights=...)")
         if bias is not None:

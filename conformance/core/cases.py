@@ -71,6 +71,15 @@ class CombineCase(ExampleCase):
 
 
 @dataclass(frozen=True)
+class BufferOptionsCase(CombineCase):
+    """How P21 builds the V2 buffers and calls combine: the constructor's ``prefer_overlap_with_compute`` (every case
+    runs both ``allow_multiple_reduction`` values, each with a plain and an expand-mode dispatch and combine), and
+    P5's ``num_bias`` / ``mode``."""
+
+    prefer_overlap_with_compute: bool = True
+
+
+@dataclass(frozen=True)
 class QpCase(ExampleCase):
     """How P11 calls V2: the dispatch SM count (0 = automatic; combine then passes ``num_sms=0``), how many QPs
     above ``num_allocated_qps`` the over-asking dispatch requests, how many tokens above the pinned maximum

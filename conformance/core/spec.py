@@ -41,6 +41,12 @@ CAPABILITIES: dict[str, str] = {
     "worst_case": "host-sync-free dispatch: V1 num_worst_tokens, V2 do_cpu_sync=False worst-case shapes (P19)",
     "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, receive "
                    "hooks, statistics (P15, P16, P17)",
+    "dispatch_options": "V2 dispatch options do_handle_copy, do_zero_padding and cumulative_local_expert_recv_stats "
+                        "(DispatchOptions fields, dispatch(stats=...)) (P20)",
+    "buffer_options": "V2 buffers built with allow_multiple_reduction / prefer_overlap_with_compute (DispatchOptions "
+                      "fields): combine through the reduction tree they select (P21)",
+    "epilogue_events": "V2 previous_event_before_epilogue on dispatch and combine (dispatch/combine(before_epilogue="
+                       "capture())): the epilogue waits for the event's work (P22)",
 }
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
 BUILTIN_ONLY = frozenset({"qp_cap", "bad_input", "api_surface"})
@@ -51,7 +57,8 @@ _COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_align
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
     "v1": _COMMON | {"fp8", "worst_case", "low_latency"},
-    "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case"},
+    "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case", "dispatch_options", "buffer_options",
+                     "epilogue_events"},
 }
 #: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
 DEEP_EP_KINDS = ("real", "emulation")

@@ -16,6 +16,20 @@ class DispatchOptions:
     deterministic: bool = False
     async_finish: bool = False
     previous_event: bool = False
+    #: V2 dispatch options (capability ``dispatch_options``; ``do_cpu_sync=False``: ``worst_case``)
+    do_handle_copy: bool = True
+    do_zero_padding: bool = False
+    do_cpu_sync: bool = True
+    #: V2 buffer options (capability ``buffer_options``): the buffer the call runs on is built with them
+    allow_multiple_reduction: bool = True
+    prefer_overlap_with_compute: bool = True
+
+    def non_default(self) -> dict[str, bool]:
+        """The V2 dispatch and buffer options that differ from the library's defaults (for call descriptions)."""
+        defaults = DispatchOptions()
+        names = ("do_handle_copy", "do_zero_padding", "do_cpu_sync", "allow_multiple_reduction",
+                 "prefer_overlap_with_compute")
+        return {name: getattr(self, name) for name in names if getattr(self, name) != getattr(defaults, name)}
 
 
 @dataclass

@@ -77,6 +77,31 @@ def _worst_case(plan: dict, num_recv_tokens: int, num_expanded_tokens: int, do_e
     plan["num_recv_tokens"], plan["num_expanded_tokens"], plan["aligned"] = num_recv_tokens, num_expanded_tokens, []
 
 
+def _local_reduce(rows: torch.Tensor, token: torch.Tensor, weights: torch.Tensor | None
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The sender side of an expand-mode combine with ``allow_multiple_reduction``: the rows of this rank's slots of
+    one token are summed in float32 and rounded to the payload dtype before they leave the rank, one row per
+    (token, rank) (csrc/kernels/elastic ``combine_impl``, deep_ep/include/deep_ep/impls/combine.cuh:126-176, and
+    ``hybrid_combine_impl``, hybrid_combine.cuh:234-274; a single slot is sent as it is, which is the same value).
+    The slots' weights, each in its own column, come along in the reduced row."""
+    token, inverse = torch.unique(token, return_inverse=True)
+    summed = torch.zeros((token.numel(), rows.shape[1]), dtype=torch.float32, device=rows.device)
+    summed.index_add_(0, inverse, rows.to(torch.float32))
+    if weights is not None:
+        weights = torch.zeros((token.numel(), weights.shape[1]), dtype=weights.dtype,
+                              device=weights.device).index_add_(0, inverse, weights)
+    return summed.to(rows.dtype), token, weights
+
+
+def _expanded_send_with_weights() -> RuntimeError:
+    """Expand mode without ``allow_multiple_reduction`` sends every slot's row ("expanded send"), which takes no
+    weights: the real kernel traps (``EP_DEVICE_ASSERT(topk_weights == nullptr)``, combine.cuh:68-69,
+    hybrid_combine.cuh:117-119); the emulation refuses before communicating (see DIVERGENCES.md)."""
+    return RuntimeError("deep_ep emulation: combine of an expand-mode handle on a buffer with "
+                        "allow_multiple_reduction=False takes no topk_weights (the real kernel traps: "
+                        "EP_DEVICE_ASSERT(topk_weights == nullptr), combine.cuh:68)")
+
+
 class EPHandle:
     """Communication handle returned by ``ElasticBuffer.dispatch`` (same attributes as the real one)."""
 
@@ -661,6 +686,9 @@ class ElasticBuffer:
                               "v2_combine_event_type"):
             raise _pybind_type_error("combine", "v2_combine_event_type")
         self._check_combine(x, handle, topk_weights, biases, num_sms, previous_event, allocate_on_comm_stream)
+        reduce_on_the_way = self._reduces_on_the_way()
+        if handle.do_expand and not reduce_on_the_way and topk_weights is not None:
+            raise _expanded_send_with_weights()
         for event in (previous_event, previous_event_before_epilogue):
             if event is not None:
                 event.current_stream_wait()
@@ -681,6 +709,9 @@ class ElasticBuffer:
             if topk_weights is not None:
                 send_w = torch.zeros((rows.numel(), num_topk), dtype=torch.float32, device=x.device)
                 send_w[torch.arange(rows.numel(), device=x.device), k] = topk_weights[rows]
+            if reduce_on_the_way:  # each rank first reduces its own slots of a token (see _local_reduce)
+                send_x, send_g, send_w = _local_reduce(send_x, send_g, send_w)
+                send_slot = torch.full((send_g.numel(),), -1, dtype=torch.int64, device=x.device)
         else:
             n = meta.shape[0]
             send_x, send_g = x, gidx
@@ -694,7 +725,7 @@ class ElasticBuffer:
         )
         num_tokens = handle.topk_idx.shape[0]
         contributions = [(p["token"], p["x"]) for p in parts]
-        if self.num_scaleout_ranks > 1 and self.allow_multiple_reduction:
+        if self.num_scaleout_ranks > 1 and reduce_on_the_way:
             per_node: list[list] = [[] for _ in range(self.num_scaleout_ranks)]
             for s, c in enumerate(contributions):
                 per_node[s // self.num_scaleup_ranks].append(c)
@@ -721,6 +752,12 @@ class ElasticBuffer:
                 combined_w[tok] = torch.where(slot_mask, p["w"], combined_w[tok])
         event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
         return combined_x, combined_w, event_overlap
+
+    def _reduces_on_the_way(self) -> bool:
+        """Whether combine's kernels reduce before the receiver's epilogue (their ``kAllowMultipleReduction``
+        template flag, the buffer's ``allow_multiple_reduction``): per rank in expand mode, per node in hybrid mode.
+        The host-side size checks read the attribute itself."""
+        return bool(self.allow_multiple_reduction)
 
     def _check_combine(
         self,

@@ -9,7 +9,6 @@ emulated buffers, so every output derived from it (handles, combine) follows, as
 from __future__ import annotations
 
 import contextlib
-import inspect
 import itertools
 import unittest.mock
 from collections.abc import Iterator
@@ -20,15 +19,8 @@ import torch
 from conformance.emulation import _route
 from conformance.emulation.elastic import ElasticBuffer
 from conformance.emulation.legacy import Buffer
-from conformance.mutants.patching import wrap_method
+from conformance.mutants.patching import call_argument, wrap_method
 from conformance.mutants.registry import register
-
-
-def _argument(original: Any, self: Any, args: tuple, kwargs: dict, name: str) -> Any:
-    """The value of parameter ``name`` in a call of ``original(self, *args, **kwargs)`` (defaults applied)."""
-    bound = inspect.signature(original).bind(self, *args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments[name]
 
 
 @contextlib.contextmanager
@@ -37,7 +29,7 @@ def _wrap_receive(edit: Any) -> Iterator[None]:
 
     def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
         plan = original(self, *args, **kwargs)
-        edit(self, plan, _argument(original, self, args, kwargs, "do_expand"))
+        edit(self, plan, call_argument(original, self, args, kwargs, "do_expand"))
         return plan
 
     with wrap_method(ElasticBuffer, "_receive", receive):
@@ -269,7 +261,7 @@ def v2_shuffled_receive_order() -> Iterator[None]:
     def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
         if self.deterministic:
             return original(self, *args, **kwargs)
-        handle = _argument(original, self, args, kwargs, "handle")
+        handle = call_argument(original, self, args, kwargs, "handle")
         seed = getattr(handle, "_conformance_arrival_seed", None) if handle is not None else None
         seed = next(_ARRIVALS) if seed is None else seed
         current.append(seed)
@@ -290,30 +282,36 @@ def v2_shuffled_receive_order() -> Iterator[None]:
         yield
 
 
+def garble_expand_padding(out: tuple, n: int) -> None:
+    """Write call ``n``'s garbage into the padding rows (rows no slot pointer names) of an expand-mode dispatch's
+    outputs ``out``: x rows of bytes ``0xFF - n``, weights NaN or huge, in place."""
+    recv_x, weights, handle = out[0], out[2], out[3]
+    if not handle.do_expand or not isinstance(recv_x, torch.Tensor):
+        return
+    used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
+    pointers = handle.recv_src_metadata[:, 2:].to(torch.int64)
+    used[pointers[pointers >= 0]] = True
+    pad = ~used
+    if not bool(pad.any()):
+        return
+    recv_x.view(torch.uint8).view(recv_x.shape[0], -1)[pad] = (0xFF - n) % 256
+    if weights is not None:
+        weights[pad] = float("nan") if n % 2 else 3.0e38
+
+
 @register(
     "expand-padding-garbage", "benign",
-    "V2 expand mode leaves different bytes in the alignment padding rows on every call (x rows of 0xFF.., "
-    "NaN/huge weights), as the real library does without do_zero_padding. Allowed: padding is not part of "
-    "the contract",
+    "V2 expand mode without do_zero_padding leaves different bytes in the alignment padding rows on every call (x "
+    "rows of 0xFF.., NaN/huge weights), as the real library does. Allowed: padding is not part of the contract "
+    "unless do_zero_padding=True",
 )
 def expand_padding_garbage() -> Iterator[None]:
     calls = itertools.count(1)
 
     def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
         out = original(self, *args, **kwargs)
-        recv_x, weights, handle = out[0], out[2], out[3]
-        if not handle.do_expand or not isinstance(recv_x, torch.Tensor):
-            return out
-        used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
-        pointers = handle.recv_src_metadata[:, 2:].to(torch.int64)
-        used[pointers[pointers >= 0]] = True
-        pad = ~used
-        if not bool(pad.any()):
-            return out
-        n = next(calls)
-        recv_x.view(torch.uint8).view(recv_x.shape[0], -1)[pad] = (0xFF - n) % 256
-        if weights is not None:
-            weights[pad] = float("nan") if n % 2 else 3.0e38
+        if not call_argument(original, self, args, kwargs, "do_zero_padding"):
+            garble_expand_padding(out, next(calls))
         return out
 
     with wrap_method(ElasticBuffer, "dispatch", dispatch):

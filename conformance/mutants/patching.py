@@ -1,4 +1,5 @@
-"""Helpers to plant defects narrowly: wrap one method, edit dispatch views, select received rows.
+"""Helpers to plant defects narrowly: wrap one method, rewrite a call's arguments, edit dispatch views, select
+received rows.
 
 Mutants run inside the rank processes, around each task (``conformance.mutation.activate``).  Every helper
 here is a context manager that restores what it changed on exit, even when the task fails.
@@ -8,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -45,6 +48,29 @@ def wrap_method(cls: type, name: str, wrapper: Callable[..., Any]) -> Iterator[N
             setattr(attribute, TARGET, original)
         else:
             setattr(cls, name, original)
+
+
+def call_argument(original: Any, self: Any, args: tuple, kwargs: dict, name: str) -> Any:
+    """The value of parameter ``name`` in a call of ``original(self, *args, **kwargs)`` (defaults applied)."""
+    bound = inspect.signature(original).bind(self, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments[name]
+
+
+def rebinding(cls: type, name: str, edit: Callable[[Any, dict[str, Any]], None]) -> Any:
+    """``mock.patch.object(cls, name, ...)`` with a wrapper that lets ``edit(self, arguments)`` rewrite the
+    bound arguments before the original runs."""
+    original = getattr(cls, name)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        edit(args[0], bound.arguments)
+        return original(*bound.args, **bound.kwargs)
+
+    return mock.patch.object(cls, name, wrapper)
 
 
 @contextlib.contextmanager

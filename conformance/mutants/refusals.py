@@ -63,6 +63,8 @@ _drop("refusal-dropped-use-after-destroy", "v2_dispatch_after_destroy",
 _drop("refusal-dropped-ll-argument-combination", "v1_ll_dispatch_1511",
       "V1 low_latency_dispatch accepts async_finish=True with return_recv_hook=True (low-latency "
       "argument-combination check)")
+_drop("refusal-dropped-event-type", "v2_dispatch_event_type",
+      "V2 dispatch accepts an EventOverlap as previous_event / previous_event_before_epilogue (argument type check)")
 
 
 TARGETS["refusal-full-batch-refused"] = "v2_dispatch_too_many_tokens"

@@ -20,23 +20,8 @@ import conformance.emulation as emulation
 from conformance.emulation import Buffer, ElasticBuffer, legacy
 from conformance.emulation.utils import event as emulated_event
 from conformance.emulation.utils.event import EventHandle, EventOverlap
+from conformance.mutants.patching import rebinding
 from conformance.mutants.registry import register
-
-
-def _rebinding(cls: type, name: str, edit: Callable[[Any, dict[str, Any]], None]) -> Any:
-    """``mock.patch.object(cls, name, ...)`` with a wrapper that lets ``edit(self, arguments)`` rewrite the
-    bound arguments before the original runs."""
-    original = getattr(cls, name)
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        edit(args[0], bound.arguments)
-        return original(*bound.args, **bound.kwargs)
-
-    return mock.patch.object(cls, name, wrapper)
 
 
 @register("async-result-before-ready", "harmful",
@@ -60,7 +45,7 @@ def previous_event_ignored() -> Iterator[None]:
 
     # V1: the argument checks still see the event (allocate_on_comm_stream needs it), but nothing waits on it.
     with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None), \
-            _rebinding(ElasticBuffer, "dispatch", drop_v2):
+            rebinding(ElasticBuffer, "dispatch", drop_v2):
         yield
 
 
@@ -79,7 +64,7 @@ def qp_cap_exceeded_silently() -> Iterator[None]:
     def clamp(self: Any, arguments: dict[str, Any]) -> None:
         arguments["num_qps"] = min(arguments["num_qps"], self.num_allocated_qps)
 
-    with _rebinding(ElasticBuffer, "dispatch", clamp):
+    with rebinding(ElasticBuffer, "dispatch", clamp):
         yield
 
 
@@ -93,7 +78,7 @@ def too_many_tokens_truncated() -> Iterator[None]:
                 if arguments[key] is not None:
                     arguments[key] = arguments[key][:limit]
 
-    with _rebinding(ElasticBuffer, "dispatch", truncate):
+    with rebinding(ElasticBuffer, "dispatch", truncate):
         yield
 
 
@@ -132,7 +117,7 @@ def combine_ignores_handle_num_sms() -> Iterator[None]:
             handle = arguments["handle"]
             arguments["num_sms"] = self.get_theoretical_num_sms(handle.num_experts, handle.topk_idx.shape[1])
 
-    with _rebinding(ElasticBuffer, "combine", recompute):
+    with rebinding(ElasticBuffer, "combine", recompute):
         yield
 
 
@@ -190,5 +175,5 @@ def v2_cached_dispatch_fixed() -> Iterator[None]:
         if arguments["handle"] is not None and arguments["num_experts"] is None:
             arguments["num_experts"] = arguments["handle"].num_experts
 
-    with _rebinding(ElasticBuffer, "dispatch", from_handle):
+    with rebinding(ElasticBuffer, "dispatch", from_handle):
         yield

@@ -19,8 +19,11 @@ are summed again and rounded once more) add, per partial ``p_j`` over ``A_j``, a
 ``|p_j| <= A_j + e_j``, hence ``sum e_j <= E1 = ((gamma_{n-1} + 2**-8) A + G 2**-134) / (1 - 2**-8)``; the
 second stage sums terms of total magnitude at most ``A + E1``: bound
 ``ulp_bf16(r)/2 + E1 + gamma_{n-1} (A + E1)``.  The oracle's own float64 sum adds at most
-``n 2**-53 A``, included too.  The bound assumes no overflow and finite terms (strategies for the bounded
-mode draw random normal payloads, never NaN or Inf).
+``n 2**-53 A``, included too.  A tree of ``L > 2`` levels (V2 expand mode with ``allow_multiple_reduction``: each
+rank's rows first, then per node) repeats the inner step: ``E_l = E_{l-1} + ((gamma_{n-1} + 2**-8) (A + E_{l-1}) +
+n 2**-134) / (1 - 2**-8)`` for ``l = 1 .. L-1`` (``E_0 = 0``; at most ``n`` partials per level), bound
+``ulp_bf16(r)/2 + E_{L-1} + gamma_{n-1} (A + E_{L-1})``.  The bound assumes no overflow and finite terms
+(strategies for the bounded mode draw random normal payloads, never NaN or Inf).
 """
 
 from __future__ import annotations
@@ -42,15 +45,23 @@ def gamma(k: torch.Tensor) -> torch.Tensor:
     return k * U32 / (1 - k * U32)
 
 
-def reduction_bound(result: torch.Tensor, expected: ExpectedSum, two_level: bool) -> torch.Tensor:
-    """The largest ``|result - exact|`` the float32-accumulate, bf16-round combine may produce (see module doc)."""
+def reduction_bound(result: torch.Tensor, expected: ExpectedSum, two_level: bool, levels: int | None = None
+                    ) -> torch.Tensor:
+    """The largest ``|result - exact|`` the float32-accumulate, bf16-round combine may produce (see module doc).
+    ``levels``: the roundings of the tree (1, 2 or more; ``None``: 2 if ``two_level`` else 1)."""
+    levels = (2 if two_level else 1) if levels is None else levels
     n = expected.num_terms.to(torch.float64).unsqueeze(1)
     a = expected.abs_sum
     half_ulp = bf16_ulp(result) / 2
     oracle_error = n * 2.0**-53 * a
     g = gamma(n - 1)
-    if not two_level:
+    if levels <= 1:
         return half_ulp + g * a + oracle_error
-    groups = expected.num_groups.to(torch.float64).unsqueeze(1)
-    e1 = ((g + 2.0**-8) * a + groups * 2.0**-134) / (1 - 2.0**-8)
-    return half_ulp + e1 + g * (a + e1) + oracle_error
+    if levels == 2:
+        groups = expected.num_groups.to(torch.float64).unsqueeze(1)
+        e1 = ((g + 2.0**-8) * a + groups * 2.0**-134) / (1 - 2.0**-8)
+        return half_ulp + e1 + g * (a + e1) + oracle_error
+    e = torch.zeros_like(a)
+    for _ in range(levels - 1):
+        e = e + ((g + 2.0**-8) * (a + e) + n * 2.0**-134) / (1 - 2.0**-8)
+    return half_ulp + e + g * (a + e) + oracle_error

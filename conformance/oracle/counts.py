@@ -103,3 +103,25 @@ def expected_layout(example: Example, rank_inputs: RankInputs) -> dict[str, list
         in_rank.append(reached)
     return {"num_tokens_per_rank": tokens_per_rank, "num_tokens_per_expert": tokens_per_expert,
             "is_token_in_rank": in_rank}
+
+
+def expected_padding_rows(example: Example, inputs: list[RankInputs], dst_rank: int) -> list[int]:
+    """The alignment padding of ``dst_rank``'s V2 expand-mode ``recv_x``: for every local expert, the rows between
+    its raw count and its aligned count, ``[start + raw, start + aligned)`` (what ``do_zero_padding=True`` zeroes,
+    deep_ep/include/deep_ep/impls/dispatch_copy_epilogue.cuh:231-322)."""
+    rows, start = [], 0
+    for raw in expected_raw_counts(example, inputs, dst_rank):
+        aligned = round_up(raw, example.expert_alignment)
+        rows.extend(range(start + raw, start + aligned))
+        start += aligned
+    return rows
+
+
+def expected_worst_expanded_rows(example: Example) -> int:
+    """Rows of a V2 expand-mode dispatch without CPU sync: the library allocates ``num_ranks *
+    num_max_tokens_per_rank * min(num_topk, num_local_experts) + (alignment - 1) * num_local_experts``, rounded up
+    to the alignment (csrc/elastic/buffer.hpp:1067-1070)."""
+    local = example.experts_per_rank
+    rows = (example.world_size * example.num_max_tokens_per_rank * min(example.num_topk, local)
+            + (example.expert_alignment - 1) * local)
+    return round_up(rows, example.expert_alignment)

@@ -16,18 +16,21 @@ from dataclasses import dataclass, field
 import torch
 
 from conformance.core.example import Example, RankInputs
-from conformance.oracle.tree import TreePrediction, predict_token
+from conformance.oracle.tree import TreePrediction, predict_tokens
 
 __all__ = [
     "ExpectedSum",
     "expected_combined_weights",
     "expected_dispatch_backward",
+    "expected_expanded_combine",
+    "expanded_expert_scale",
     "expected_round_trip_bf16",
     "expected_round_trip_sum",
     "expected_rows_by_source",
     "expected_scaled_combine",
     "reach_counts",
     "reached_ranks",
+    "scaled_expanded_row",
     "scaled_expert_row",
     "scaled_weight",
 ]
@@ -63,7 +66,7 @@ class ExpectedSum:
     num_groups: torch.Tensor  # [T] int64
     #: per token, the ``(dst_rank, row)`` contributions and the bias rows (for :meth:`tree`)
     terms: list[tuple[list[tuple[int, torch.Tensor]], list[torch.Tensor]]] = field(default_factory=list, repr=False)
-    _trees: dict[tuple[int, int], TreePrediction] = field(default_factory=dict, repr=False)
+    _trees: dict[tuple[int, ...], TreePrediction] = field(default_factory=dict, repr=False)
 
     def rounded(self) -> torch.Tensor:
         """The exact sum rounded once to bfloat16 (through float32, exact for the integer payloads)."""
@@ -73,17 +76,15 @@ class ExpectedSum:
         """The result of the library's reduction tree (:mod:`conformance.oracle.tree`) with first-level groups of
         ``ranks_per_group`` consecutive ranks (one level when that covers ``world_size``), and where it is
         determined byte for byte."""
-        key = (min(ranks_per_group, world_size), world_size)
-        if key not in self._trees:
-            hidden = self.exact.shape[1]
-            rows = [predict_token(contributions, biases, key[0], world_size, hidden)
-                    for contributions, biases in self.terms]
+        return self.tree_of((ranks_per_group,) if ranks_per_group < world_size else ())
+
+    def tree_of(self, groups: tuple[int, ...]) -> TreePrediction:
+        """The tree of :func:`conformance.oracle.tree.predict_levels` with these inner levels (innermost first)."""
+        if groups not in self._trees:
             shape = tuple(self.exact.shape)
-            value = torch.stack([r[0] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bfloat16)
-            determined = torch.stack([r[1] for r in rows]) if rows else torch.zeros(shape, dtype=torch.bool)
-            self._trees[key] = TreePrediction(value.reshape(shape), determined.reshape(shape),
-                                              1 if key[0] >= world_size else 2)
-        return self._trees[key]
+            value, determined = predict_tokens(self.terms, groups, shape[1])
+            self._trees[groups] = TreePrediction(value.reshape(shape), determined.reshape(shape), 1 + len(groups))
+        return self._trees[groups]
 
 
 def reduce_terms(
@@ -136,6 +137,38 @@ def expected_scaled_combine(
     return reduce_terms(rank_inputs.x.shape[0], example.hidden, contributions, biases, ranks_per_node)
 
 
+def expanded_expert_scale(expert: int) -> int:
+    """The factor the test's expert ``expert`` (global index) multiplies its expanded rows by (V2 expand mode): odd
+    and above 32, so that a rank's experts return different rows for one token and integer rows (at most 8 in
+    magnitude) sum past bf16's 8 significant bits, where every rounding of the reduction tree shows."""
+    return 33 + 2 * expert
+
+
+def scaled_expanded_row(row: torch.Tensor, expert: int) -> torch.Tensor:
+    """What the test's expert ``expert`` returns for one of its expanded rows: ``bf16(row * expanded_expert_scale)``."""
+    return (row.float() * expanded_expert_scale(expert)).to(torch.bfloat16)
+
+
+def expected_expanded_combine(
+    example: Example,
+    inputs: list[RankInputs],
+    src_rank: int,
+    biases: list[torch.Tensor],
+    ranks_per_node: int,
+) -> ExpectedSum:
+    """``combined_x`` of ``src_rank`` after an expand-mode dispatch whose experts return
+    :func:`scaled_expanded_row`: one contribution per valid top-k slot (from the rank owning its expert, so a rank
+    holding several of a token's experts contributes several rows), plus the biases."""
+    rank_inputs = inputs[src_rank]
+
+    def contributions(token: int) -> list[tuple[int, torch.Tensor]]:
+        row = rank_inputs.x[token]
+        return [(owner_rank(example, e), scaled_expanded_row(row, e)) for e in rank_inputs.topk_idx[token].tolist()
+                if e >= 0]
+
+    return reduce_terms(rank_inputs.x.shape[0], example.hidden, contributions, biases, ranks_per_node)
+
+
 def expected_combined_weights(
     example: Example, inputs: list[RankInputs], src_rank: int, slot_values: Callable[[int, int, int], float]
 ) -> torch.Tensor:
@@ -175,16 +208,17 @@ def expected_round_trip_bf16(example: Example, inputs: list[RankInputs], src_ran
 
 
 def expected_round_trip_sum(
-    example: Example, inputs: list[RankInputs], src_rank: int, ranks_per_node: int
+    example: Example, inputs: list[RankInputs], src_rank: int, ranks_per_node: int,
+    biases: list[torch.Tensor] | None = None,
 ) -> ExpectedSum:
-    """The exact round trip of ``src_rank``: x once per reached rank (for the bounded comparison)."""
+    """The exact round trip of ``src_rank``: x once per reached rank (for the bounded comparison), plus ``biases``."""
     rank_inputs = inputs[src_rank]
 
     def contributions(token: int) -> list[tuple[int, torch.Tensor]]:
         row = rank_inputs.x[token]
         return [(dst, row) for dst in reached_ranks(example, rank_inputs.topk_idx[token].tolist())]
 
-    return reduce_terms(rank_inputs.x.shape[0], example.hidden, contributions, [], ranks_per_node)
+    return reduce_terms(rank_inputs.x.shape[0], example.hidden, contributions, biases or [], ranks_per_node)
 
 
 def reach_counts(example: Example, inputs: list[RankInputs], src_rank: int) -> list[int]:

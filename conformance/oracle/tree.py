@@ -5,7 +5,9 @@ On one node it rounds once.  On several nodes the library rounds twice (DeepEP 2
 ``csrc/kernels/legacy/internode.cu`` ``combine_token``: each node's NVLink forwarder sums the contributions
 of that node's ranks in float32 and writes them as bf16 into the RDMA buffer, and the receiver sums the
 biases and the nodes' partials in float32 and rounds again; V2 hybrid mode with
-``allow_multiple_reduction=True``: the same two levels, per scale-out node).
+``allow_multiple_reduction=True``: the same two levels, per scale-out node; V2 expand mode with
+``allow_multiple_reduction=True`` adds a first level: each rank sums and rounds its own rows of a token before
+they leave it).
 
 The order of the float32 additions is the library's business and varies between kernels and runs, so a
 bound (:mod:`conformance.oracle.bounds`) is all that can be said in general.  But a float32 sum is *exact*
@@ -79,7 +81,7 @@ class TreePrediction:
 
     value: torch.Tensor  # [T, H] bf16
     determined: torch.Tensor  # [T, H] bool
-    levels: int  # 1 or 2
+    levels: int  # roundings on the way: 1 + the number of inner levels
 
 
 def predict_token(contributions: list[tuple[int, torch.Tensor]], biases: list[torch.Tensor],
@@ -87,18 +89,68 @@ def predict_token(contributions: list[tuple[int, torch.Tensor]], biases: list[to
     """One token's combine through the tree: ``contributions`` are ``(dst_rank, bf16 row)`` pairs, ``biases``
     bf16 rows; ranks ``d`` with the same ``d // ranks_per_group`` are summed and rounded first when the tree has
     two levels (``ranks_per_group < world_size``)."""
-    empty = torch.zeros(0, hidden, dtype=torch.float64)
-    if ranks_per_group >= world_size:
-        rows = [row for _, row in contributions] + list(biases)
-        total, exact = exact_float32_sum(torch.stack([r.double() for r in rows]) if rows else empty)
-        return round_bf16(total), exact
-    determined = torch.ones(hidden, dtype=torch.bool)
-    partials = []
-    for group in sorted({dst // ranks_per_group for dst, _ in contributions}):
-        rows = [row.double() for dst, row in contributions if dst // ranks_per_group == group]
-        partial, exact = exact_float32_sum(torch.stack(rows))
-        partials.append(round_bf16(partial).double())
-        determined &= exact
-    rows = [b.double() for b in biases] + partials
-    total, exact = exact_float32_sum(torch.stack(rows) if rows else empty)
+    groups = (ranks_per_group,) if ranks_per_group < world_size else ()
+    return predict_levels(contributions, biases, groups, hidden)
+
+
+def predict_levels(contributions: list[tuple[int, torch.Tensor]], biases: list[torch.Tensor],
+                   groups: tuple[int, ...], hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token's combine through a tree of ``len(groups)`` inner levels, innermost first: at the level of group
+    size ``g``, the rows whose ``dst_rank // g`` agree are summed in float32 and rounded to bf16 (a group of one row
+    keeps it: rounding a bf16 value changes nothing); the last level sums the biases and what is left, rounded once
+    more.  ``groups=()``: one rounding; ``(ranks_per_node,)``: per node, then across nodes; ``(1, ranks_per_node)``:
+    each rank's several rows of the token (V2 expand mode), then per node, then across nodes."""
+    value, determined = predict_tokens([(contributions, biases)], groups, hidden)
+    return value[0], determined[0]
+
+
+def _stacked(rows: list[list[torch.Tensor]], hidden: int) -> torch.Tensor:
+    """``[max rows, tokens, hidden]`` float64: token ``t``'s rows, padded with zero rows (a zero term changes neither
+    a float32 sum nor whether it is exact)."""
+    depth = max((len(r) for r in rows), default=0)
+    out = torch.zeros(depth, len(rows), hidden, dtype=torch.float64)
+    for t, token_rows in enumerate(rows):
+        for i, row in enumerate(token_rows):
+            out[i, t] = row
+    return out
+
+
+def predict_tokens(terms: list[tuple[list[tuple[int, torch.Tensor]], list[torch.Tensor]]], groups: tuple[int, ...],
+                   hidden: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`predict_levels` of every token at once (``terms[t]``: token ``t``'s contributions and bias rows):
+    ``[T, hidden]`` bf16 values and where they are determined."""
+    rows = [[(dst, row.double()) for dst, row in contributions] for contributions, _ in terms]
+    determined = torch.ones(len(terms), hidden, dtype=torch.bool)
+    for g in groups:
+        merged: list[list[tuple[int, torch.Tensor]]] = [[] for _ in rows]
+        for key in sorted({dst // g for token_rows in rows for dst, _ in token_rows}):
+            members = [[row for dst, row in token_rows if dst // g == key] for token_rows in rows]
+            partial, exact = exact_float32_sum(_stacked(members, hidden))
+            determined &= exact
+            rounded = round_bf16(partial).double()
+            for t, token_members in enumerate(members):
+                if token_members:
+                    merged[t].append((key * g, rounded[t]))
+        rows = merged
+    last = [[b.double() for b in biases] + [row for _, row in token_rows]
+            for (_, biases), token_rows in zip(terms, rows, strict=True)]
+    total, exact = exact_float32_sum(_stacked(last, hidden))
     return round_bf16(total), determined & exact
+
+
+def v2_combine_groups(allow_multiple_reduction: bool, do_expand: bool, num_nodes: int, ranks_per_node: int
+                      ) -> tuple[int, ...]:
+    """The inner levels of V2 ``ElasticBuffer.combine``'s reduction tree (for :func:`predict_levels`), as DeepEP
+    2.1.0's kernels build it (``allow_hybrid_mode=True``, so several nodes mean hybrid mode):
+
+    * ``allow_multiple_reduction=True`` and expand mode: each rank first sums its own rows of a token in float32 and
+      rounds them to bf16 (deep_ep/include/deep_ep/impls/combine.cuh:126-176, hybrid_combine.cuh:234-274); without
+      expand mode a rank holds one row per token, nothing to reduce;
+    * ``allow_multiple_reduction=True`` on several nodes: each node's forwarder sums its ranks' rows and rounds
+      (hybrid_combine.cuh:495-571) before the receiver's epilogue sums the nodes (combine_reduce_epilogue.cuh);
+    * ``allow_multiple_reduction=False``: every row travels to the receiver unreduced ("expanded send",
+      combine.cuh:177-213, hybrid_combine.cuh:453-494) and the epilogue rounds once.
+    """
+    if not allow_multiple_reduction:
+        return ()
+    return ((1,) if do_expand else ()) + ((ranks_per_node,) if num_nodes > 1 else ())

@@ -36,6 +36,24 @@ def start_compute(target: torch.Tensor, value: torch.Tensor) -> None:
         emulated_event.defer(lambda: target.copy_(value))
 
 
+def side_compute(target: torch.Tensor, value: torch.Tensor, capture: Any) -> Any:
+    """Start a "compute" that writes ``value`` into ``target`` on another stream, and return ``capture()`` taken
+    there: an event covering it that the current stream does not wait for by itself (on CUDA a side stream, on CPU
+    the emulation's deferred work, which no call completes unless it waits on that event)."""
+    if target.is_cuda:
+        side = torch.cuda.Stream(device=target.device)
+        side.wait_stream(torch.cuda.current_stream(target.device))
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            target.copy_(value)
+            event = capture()
+        target.record_stream(side)
+        value.record_stream(side)
+        return event
+    emulated_event.defer(lambda: target.copy_(value))
+    return capture()
+
+
 def finish_all(device: torch.device) -> None:
     """Complete every outstanding piece of work (between sub-checks and at the end of a task)."""
     if device.type == "cuda":

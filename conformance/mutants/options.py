@@ -1,0 +1,126 @@
+"""Mutants of the V2 options (P20 dispatch options, P21 buffer options, P22 ``previous_event_before_epilogue``):
+a handle that keeps the caller's ``topk_idx`` although a copy was asked for, padding left unzeroed, statistics
+overwritten instead of added, a buffer whose combine ignores ``allow_multiple_reduction`` (either way), an epilogue
+that does not wait for its event; and one benign change: ``prefer_overlap_with_compute=False`` taking every SM (a
+different, valid schedule, the same bytes).
+
+Each sits where the real bug would: in the emulated ``ElasticBuffer`` (its dispatch, its combine, its SM model).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from conformance.emulation import _sizing
+from conformance.emulation.elastic import ElasticBuffer
+from conformance.emulation.utils.event import EventHandle
+from conformance.mutants.layout import garble_expand_padding
+from conformance.mutants.patching import call_argument, rebinding, wrap_method
+from conformance.mutants.registry import register
+
+
+@register("handle-not-copied", "harmful",
+          "V2 dispatch with do_handle_copy=True keeps the caller's topk_idx in the handle instead of a copy: a later "
+          "in-place change of the caller's tensor leaks into cached dispatches and combines (P20)")
+def handle_not_copied() -> Iterator[None]:
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        out = original(self, *args, **kwargs)
+        if call_argument(original, self, args, kwargs, "handle") is None:
+            out[3].topk_idx = call_argument(original, self, args, kwargs, "topk_idx")
+        return out
+
+    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+        yield
+
+
+@register("zero-padding-skipped", "harmful",
+          "V2 expand-mode dispatch with do_zero_padding=True leaves the alignment padding rows uninitialised "
+          "(garbage bytes, NaN/huge weights) (P20)")
+def zero_padding_skipped() -> Iterator[None]:
+    calls = itertools.count(1)
+
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        out = original(self, *args, **kwargs)
+        if call_argument(original, self, args, kwargs, "do_zero_padding"):
+            garble_expand_padding(out, next(calls))
+        return out
+
+    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+        yield
+
+
+@register("v2-stats-not-accumulated", "harmful",
+          "V2 dispatch writes this call's per-expert receipts into cumulative_local_expert_recv_stats instead of "
+          "adding them (P20)")
+def v2_stats_not_accumulated() -> Iterator[None]:
+    def overwrite(self: Any, arguments: dict[str, Any]) -> None:
+        stats = arguments["cumulative_local_expert_recv_stats"]
+        if stats is not None and arguments["handle"] is None:
+            stats.zero_()
+
+    with rebinding(ElasticBuffer, "dispatch", overwrite):
+        yield
+
+
+@contextlib.contextmanager
+def _combine_as_if(allow_multiple_reduction: bool) -> Iterator[None]:
+    """While active, the emulated combine's kernels reduce as if the buffer had been built with this flag (the flag
+    the kernels are compiled with is wrong; the host-side size checks still read the buffer's own)."""
+    with wrap_method(ElasticBuffer, "_reduces_on_the_way", lambda original, self: allow_multiple_reduction):
+        yield
+
+
+@register("multiple-reduction-ignored", "harmful",
+          "V2 combine ignores allow_multiple_reduction=True: every row travels unreduced and is rounded once (no "
+          "per-node forwarder rounding on several nodes, no per-rank rounding of expanded rows) (P21; P5 on two "
+          "nodes)")
+def multiple_reduction_ignored() -> Iterator[None]:
+    with _combine_as_if(False):
+        yield
+
+
+@register("single-reduction-ignored", "harmful",
+          "V2 combine ignores allow_multiple_reduction=False: it still rounds per node (several nodes) and per rank "
+          "(expanded rows) (P21)")
+def single_reduction_ignored() -> Iterator[None]:
+    with _combine_as_if(True):
+        yield
+
+
+class _NeverWaited(EventHandle):
+    """An ``EventHandle`` whose wait does nothing (what an epilogue that skips ``stream_wait`` sees)."""
+
+    def __init__(self) -> None:
+        self._cuda_event = None
+        self._captured = []
+
+    def current_stream_wait(self) -> None:
+        return None
+
+
+@register("epilogue-event-ignored", "harmful",
+          "V2 dispatch and combine do not wait for previous_event_before_epilogue (the argument checks still see "
+          "it) (P22)")
+def epilogue_event_ignored() -> Iterator[None]:
+    def drop(self: Any, arguments: dict[str, Any]) -> None:
+        if isinstance(arguments["previous_event_before_epilogue"], EventHandle):
+            arguments["previous_event_before_epilogue"] = _NeverWaited()
+
+    with rebinding(ElasticBuffer, "dispatch", drop), rebinding(ElasticBuffer, "combine", drop):
+        yield
+
+
+@register("overlap-off-uses-every-sm", "benign",
+          "V2 buffers with prefer_overlap_with_compute=False take every SM of the device for their automatic SM "
+          "count instead of at least 64 (a different, valid schedule; handle.num_sms changes, no byte does). Allowed: "
+          "the SM count is the library's choice")
+def overlap_off_uses_every_sm() -> Iterator[None]:
+    def every_sm(original: Any, self: Any, *args: Any, **kwargs: Any) -> int:
+        result = original(self, *args, **kwargs)
+        return result if self.prefer_overlap_with_compute else _sizing.device_num_sms()
+
+    with wrap_method(ElasticBuffer, "get_theoretical_num_sms", every_sm):
+        yield

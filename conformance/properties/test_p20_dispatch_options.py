@@ -1,0 +1,158 @@
+"""P20 V2 dispatch options: what ``do_handle_copy``, ``do_zero_padding`` and ``cumulative_local_expert_recv_stats``
+of ``ElasticBuffer.dispatch`` promise (deep_ep/buffers/elastic.py, csrc/elastic/buffer.hpp, the dispatch kernels).
+
+* ``do_handle_copy=True`` (the default): the handle keeps a copy of ``topk_idx`` (elastic.py:1005, buffer.hpp:957-960),
+  so a caller that overwrites its ``topk_idx`` in place right after the dispatch changes nothing: a cached dispatch
+  through the handle and a combine through it still equal the oracle.  ``do_handle_copy=False``: the handle holds
+  the caller's tensor itself (no copy is made), and with that tensor left alone the dispatch and a combine through
+  the handle equal the oracle too.
+* ``do_zero_padding=True`` (expand mode only): the alignment padding rows of ``recv_x`` between the experts are
+  +0.0 and their weights 0 (dispatch_copy_epilogue.cuh:231-322); the rows fold back to the oracle's receipts in P8's
+  layout (P8 checks the rest of that layout).  Without a CPU sync (``do_cpu_sync=False``, capability ``worst_case``)
+  the gaps are zeroed too, inside the
+  worst-case allocation (buffer.hpp:1067-1070); the tail after the last expert is not promised.
+* ``cumulative_local_expert_recv_stats``: every non-cached dispatch adds each local expert's unaligned receipts
+  (dispatch.cuh:204-219), so after call ``i`` it holds the oracle's raw counts times ``i``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from conformance.assertions import (
+    assert_bytes_equal,
+    assert_positive_zero_rows,
+    assert_receipts_equal,
+    assert_reduction,
+    for_each_backend,
+)
+from conformance.canonical import fold_expanded, receipts_from_view, segments_of
+from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload
+from conformance.core.views import DispatchView
+from conformance.oracle import Receipts, expected_aligned_counts, expected_raw_counts, expected_receipts
+from conformance.oracle.counts import expected_padding_rows, expected_worst_expanded_rows
+from conformance.oracle.reduction import (
+    ExpectedSum,
+    expected_combined_weights,
+    expected_round_trip_sum,
+    expected_rows_by_source,
+)
+from conformance.properties import CheckContext, Property, register
+from conformance.properties.test_p08_expand_layout import check_expand_shapes
+from conformance.strategies import sized
+from conformance.strategies.options import dispatch_option_examples
+from conformance.tasks.options import HandleCopyRun, dispatch_option_runs
+
+ROWS = ("row", "col")
+
+
+def check_handle_run(ctx: CheckContext, example: Example, inputs: list[RankInputs], rank: int, backend: str,
+                     run: HandleCopyRun, receipts: Receipts, expected: ExpectedSum, second: list[torch.Tensor]
+                     ) -> None:
+    """One ``do_handle_copy`` run: the dispatch (the oracle's ``receipts``), then the cached dispatch and the combine
+    of ``second`` (every rank's second payload) and the combine through its handle (``expected``: the round trip's exact
+    sum); and whether the handle holds the caller's ``topk_idx``."""
+    __tracebackhide__ = True
+    dispatch_call = run.view.call
+    after = " (the caller overwrote its topk_idx with -1 right after the dispatch)" if run.caller_changed else ""
+    assert_receipts_equal(receipts_from_view(run.view), receipts, rank=rank, call=dispatch_call)
+    if run.cached is not None:
+        assert_bytes_equal(run.cached, expected_rows_by_source(run.view.src_rank, run.view.src_token, second),
+                           name="cached recv_x (second payload)", rank=rank,
+                           call=f"{dispatch_call}, then a cached dispatch{after}", labels=ROWS,
+                           against="the second payload's row of the same source (rank, token)")
+    call = f"{dispatch_call}, then combine(recv_x, handle, recv_topk_weights) (identity experts){after}"
+    assert_reduction(run.combined_x, expected, ranks_per_group=run.reduction_group, world_size=example.world_size,
+                     two_level=ctx.shape.nodes > 1, name="combined_x", rank=rank, call=call,
+                     require_determined=example.payload == "integers")
+    if run.combined_topk_weights is not None:
+        own = inputs[rank].topk_weights
+        weights = expected_combined_weights(example, inputs, rank, lambda dst, t, k: float(own[t, k]))
+        assert_bytes_equal(run.combined_topk_weights, weights, name="combined_topk_weights", rank=rank, call=call,
+                           labels=("token", "slot"))
+    aliased = run.view.extras.get("handle_topk_idx_is_input")
+    if aliased is None:
+        ctx.record_not_checked(backend, "whether the handle keeps the caller's topk_idx (no handle_topk_idx_is_input)")
+    elif bool(aliased) == run.caller_changed:
+        raise AssertionError(
+            f"handle.topk_idx on rank {rank} {'is' if aliased else 'is not'} the caller's topk_idx tensor, expected "
+            + ("a copy (do_handle_copy=True clones it, csrc/elastic/buffer.hpp:957-960)" if run.caller_changed else
+               "the caller's own tensor (do_handle_copy=False makes no copy, deep_ep/buffers/elastic.py:1005)")
+            + f" [{dispatch_call}]")
+
+
+def check_zero_padding(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int) -> None:
+    """The oracle's alignment padding rows of an expand-mode ``recv_x`` are +0.0, their weights 0."""
+    __tracebackhide__ = True
+    rows = expected_padding_rows(example, inputs, rank)
+    why = "is alignment padding and must be +0.0 with do_zero_padding=True"
+    assert_positive_zero_rows(view.x, rows, name="recv_x", rank=rank, call=view.call, label="row", why=why)
+    assert_positive_zero_rows(view.topk_weights, rows, name="recv_topk_weights", rank=rank, call=view.call,
+                              label="row", why=why)
+
+
+def check_no_sync_layout(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int,
+                         receipts: Receipts) -> None:
+    """``do_cpu_sync=False``: the worst-case row count, and the valid part (the first
+    ``psum_num_recv_tokens_per_scaleup_rank[-1]`` tokens) folds back to the oracle's receipts in the oracle's
+    segments (the counts list is empty without a sync)."""
+    __tracebackhide__ = True
+    worst = expected_worst_expanded_rows(example)
+    if view.x.shape[0] != worst or view.topk_weights.shape[0] != worst:
+        raise AssertionError(f"recv_x / recv_topk_weights on rank {rank} have {view.x.shape[0]} / "
+                             f"{view.topk_weights.shape[0]} rows, expected {worst} (the worst-case expanded "
+                             f"allocation, csrc/elastic/buffer.hpp:1067-1070) [{view.call}]")
+    n = int(view.extras["psum_num_recv_tokens_per_scaleup_rank"][-1])
+    valid = dataclasses.replace(
+        view, src_rank=view.src_rank[:n], src_token=view.src_token[:n],
+        num_recv_tokens_per_expert=expected_aligned_counts(example, inputs, rank),
+        extras={**view.extras, "recv_src_metadata": view.extras["recv_src_metadata"][:n]})
+    assert_receipts_equal(fold_expanded(valid), receipts, rank=rank,
+                          call=view.call + f" (its first {n} tokens, folded back in the oracle's expert segments)")
+
+
+def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
+    """Per rank and V2 backend: both ``do_handle_copy`` runs, the zero-padded expand layouts, the statistics."""
+    __tracebackhide__ = True
+    inputs = build_all_inputs(example)
+    second = [second_payload(example, r) for r in range(example.world_size)]
+
+    def one(rank: int, backend: str, result: dict[str, Any]) -> None:
+        receipts = expected_receipts(example, inputs, rank)
+        round_trip = expected_round_trip_sum(example, inputs, rank, ctx.shape.ranks_per_node)  # its tree is cached
+        for key in ("copy", "no_copy"):
+            check_handle_run(ctx, example, inputs, rank, backend, result[key], receipts, round_trip, second)
+        view = result["zero_padding"]
+        check_expand_shapes(view, segments_of(view), rank=rank)
+        assert_receipts_equal(fold_expanded(view), receipts, rank=rank, call=view.call + " folded back")
+        check_zero_padding(view, example, inputs, rank)
+        if "zero_padding_no_sync" in result:
+            check_no_sync_layout(result["zero_padding_no_sync"], example, inputs, rank, receipts)
+            check_zero_padding(result["zero_padding_no_sync"], example, inputs, rank)
+        else:
+            ctx.record_not_checked(backend, "do_zero_padding without a CPU sync (capability worst_case)")
+        calls = [result["copy"].view.call, result["no_copy"].view.call, view.call]
+        calls += [result["zero_padding_no_sync"].call] if "zero_padding_no_sync" in result else []
+        raw = torch.tensor(expected_raw_counts(example, inputs, rank), dtype=torch.int64)
+        for i, (got, call) in enumerate(zip(result["stats"], calls, strict=True)):
+            if not torch.equal(got.to(torch.int64), raw * (i + 1)):
+                raise AssertionError(
+                    f"cumulative_local_expert_recv_stats on rank {rank} after call {i + 1} is {got.tolist()}, "
+                    f"expected {(raw * (i + 1)).tolist()} (the oracle's unaligned receipts per local expert "
+                    f"{raw.tolist()} added by each of {i + 1} dispatches) [{call}]")
+
+    for_each_backend(ctx, example, per_rank, one)
+
+
+PROPERTY = register(Property(
+    id="P20-dispatch-options",
+    title="V2 dispatch options: do_handle_copy keeps the handle independent of the caller's topk_idx (False: the "
+          "caller's tensor), do_zero_padding zeroes the expand padding, cumulative_local_expert_recv_stats accumulates "
+          "the oracle's counts",
+    strategy=sized(dispatch_option_examples), task=dispatch_option_runs, check=check, apis=("v2",),
+    needs=("dispatch_options", "expand", "cached_dispatch", "combine"),
+))
+test_dispatch_options = PROPERTY.test

@@ -1,0 +1,99 @@
+"""P21 V2 buffer options: ``ElasticBuffer(..., allow_multiple_reduction=..., prefer_overlap_with_compute=...)``.
+
+``allow_multiple_reduction`` chooses combine's reduction tree (:func:`conformance.oracle.tree.v2_combine_groups`,
+from the kernels): with it, each node's forwarder rounds its ranks' partial sum before the receiver rounds again
+(several nodes), and in expand mode each rank first sums and rounds its own rows of a token; without it every row
+travels unreduced and the receiver rounds once.  So on one node a plain combine is the same either way, and an
+expand-mode combine is not.  ``prefer_overlap_with_compute`` only changes how many SMs / channels the kernels use,
+never the bytes.  Every case runs both values of ``allow_multiple_reduction``, each with a plain and an expand-mode
+dispatch and combine, on buffers built with the case's ``prefer_overlap_with_compute``.  The check: combine (P5's
+experts without expand; in expand mode each expert ``e`` returns its rows times ``33 + 2 e``) equals the oracle
+through the tree the options select, byte for byte wherever its float32 sums are exact, within the bound of that
+many roundings elsewhere; the backend's own statement of its tree (``reduction_group``, plain mode) agrees; and
+``get_buffer_size_hint`` with the same ``allow_multiple_reduction`` is the size the buffer was built with, never
+smaller without it (its combine layouts hold ``num_topk`` rows per token instead of ``min(num_ranks, num_topk)``,
+csrc/elastic/buffer.hpp:616-648).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conformance.assertions import assert_bytes_equal, assert_tree, for_each_backend
+from conformance.core.cases import BufferOptionsCase
+from conformance.core.example import RankInputs, build_all_inputs, build_biases
+from conformance.oracle.reduction import (
+    ExpectedSum,
+    expected_combined_weights,
+    expected_expanded_combine,
+    expected_scaled_combine,
+    scaled_weight,
+)
+from conformance.oracle.tree import v2_combine_groups
+from conformance.properties import CheckContext, Property, register
+from conformance.strategies import sized
+from conformance.strategies.options import buffer_option_cases
+from conformance.tasks.options import BufferOptionsResult, buffer_option_combine
+
+
+def check(ctx: CheckContext, case: BufferOptionsCase, per_rank: list[dict[str, Any]]) -> None:
+    """Every (allow_multiple_reduction, do_expand) run: combined_x through the tree those options select, combined
+    weights (plain mode) as P5's, the backend's tree statement and the size hint consistent with them."""
+    __tracebackhide__ = True
+    example, shape = case.example, ctx.shape
+    inputs = build_all_inputs(example)
+
+    def one(rank: int, backend: str, runs: dict[tuple[bool, bool], BufferOptionsResult]) -> None:
+        biases = build_biases(example, rank, case.num_bias)
+        expected = {False: expected_scaled_combine(example, inputs, rank, biases, shape.ranks_per_node),
+                    True: expected_expanded_combine(example, inputs, rank, biases, shape.ranks_per_node)}
+        if not any(do_expand for _, do_expand in runs):
+            ctx.record_not_checked(backend, "expand-mode combines (capability expand)")
+        for (amr, do_expand), result in runs.items():  # one ExpectedSum per mode: its trees are cached
+            check_run(ctx, case, rank, backend, amr, do_expand, result, expected[do_expand], inputs)
+
+    for_each_backend(ctx, case, per_rank, one)
+
+
+def check_run(ctx: CheckContext, case: BufferOptionsCase, rank: int, backend: str, amr: bool, do_expand: bool,
+              result: BufferOptionsResult, expected: ExpectedSum, inputs: list[RankInputs]) -> None:
+    """One run (see :func:`check`); ``expected``: the exact sum of its combine."""
+    __tracebackhide__ = True
+    example, shape = case.example, ctx.shape
+    groups = v2_combine_groups(amr, do_expand, shape.nodes, shape.ranks_per_node)
+    assert_tree(result.combined_x, expected, groups, name="combined_x", rank=rank, call=result.call,
+                require_determined=case.mode == "exact")
+    if not do_expand and result.combined_topk_weights is not None:
+        own = inputs[rank].topk_weights
+        weights = expected_combined_weights(
+            example, inputs, rank, lambda dst, token, slot: scaled_weight(own[token, slot], dst))
+        assert_bytes_equal(result.combined_topk_weights, weights, name="combined_topk_weights", rank=rank,
+                           call=result.call, labels=("token", "slot"))
+    stated = shape.ranks_per_node if shape.nodes > 1 and amr else example.world_size
+    if not do_expand and result.reduction_group is not None and result.reduction_group != stated:
+        raise AssertionError(
+            f"the backend says its combine on rank {rank} rounds groups of {result.reduction_group} rank(s) first, "
+            f"expected {stated} (allow_multiple_reduction={amr} on {shape.nodes} node(s)): P5 and P9 would "
+            f"predict the wrong tree [{result.call}]")
+    if result.size_hints is None or result.num_bytes is None:
+        ctx.record_not_checked(backend, "get_buffer_size_hint against the buffer's num_bytes")
+        return
+    if result.size_hints[amr] != result.num_bytes:
+        raise AssertionError(
+            f"get_buffer_size_hint(allow_multiple_reduction={amr}) = {result.size_hints[amr]} on rank {rank}, "
+            f"expected the num_bytes {result.num_bytes} of the buffer built with the same settings [{result.call}]")
+    if result.size_hints[False] < result.size_hints[True]:
+        raise AssertionError(
+            f"get_buffer_size_hint is {result.size_hints[False]} without allow_multiple_reduction, "
+            f"{result.size_hints[True]} with it, expected at least as much (unreduced rows need more room) "
+            f"[{result.call}]")
+
+
+PROPERTY = register(Property(
+    id="P21-buffer-options",
+    title="V2 buffer options: combine follows the reduction tree allow_multiple_reduction selects (per node / per "
+          "rank rounding or one), prefer_overlap_with_compute changes no byte, get_buffer_size_hint matches the buffer",
+    strategy=sized(buffer_option_cases), task=buffer_option_combine, check=check, case_type=BufferOptionsCase,
+    apis=("v2",), needs=("buffer_options", "combine"),
+))
+test_buffer_options = PROPERTY.test
