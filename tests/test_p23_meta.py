@@ -37,3 +37,39 @@ def test_strategy_reaches_its_corners() -> None:
     assert {0, 1, 4} <= sizes and any(1 < n < 4 for n in sizes), sizes
     assert any(case.toggled is not None for case in drawn) and {case.hook for case in drawn} == {False, True}
     assert all(case.toggled not in case.masked for case in drawn)
+
+
+def test_unequal_masks_time_the_silent_rank_out(emulated_session) -> None:
+    """Not drawn by P23 (the real wait lasts about 100 s): rank 0 masks rank 1, rank 1 masks nobody.  Rank 1's
+    waits for rank 0 time out (charged LEGACY_NUM_TIMEOUT_CYCLES + 1 each) and mask it; rank 0 does not wait."""
+    from conformance.emulation._ll_buffer import TIMEOUT_CYCLES
+
+    (masks0, cost0, count0), (masks1, cost1, count1) = emulated_session.world.run(
+        "tests.test_p23_meta:_unequal_masks", timeout=60)
+    assert masks0 == [0, 1] and masks1 == [1, 0], (masks0, masks1)  # rank 1 masked rank 0 on the timeout
+    assert cost1[0] == 2 * (TIMEOUT_CYCLES + 1) and cost0[1] == 0, (cost0, cost1)  # two local experts waited
+    assert count0 == [1, 1] and count1 == [1, 1], (count0, count1)  # each received only its own tokens
+
+
+def _unequal_masks() -> tuple[list[int], list[int], list[int]]:
+    """Rank task: a shrink-mode buffer, rank 0 masks rank 1, then one bf16 low-latency dispatch on every rank."""
+    import torch
+
+    from conformance.emulation.legacy import Buffer
+    from conformance.world.rank import context
+
+    ctx = context()
+    t, hidden, num_experts = 4, 2048, 4
+    buffer = Buffer(ctx.group, 0, Buffer.get_low_latency_rdma_size_hint(t, hidden, 2, num_experts),
+                    low_latency_mode=True, num_qps_per_rank=2, explicitly_destroy=True, enable_shrink=True)
+    if ctx.rank == 0:
+        buffer.low_latency_update_mask_buffer(1, True)
+    x = torch.ones((2, hidden), dtype=torch.bfloat16)
+    topk_idx = torch.tensor([[0, 2], [1, 3]], dtype=torch.int64)
+    cost = torch.zeros(2, dtype=torch.int64)
+    _, count, _, _, _ = buffer.low_latency_dispatch(x, topk_idx, t, num_experts, use_fp8=False,
+                                                    dispatch_wait_recv_cost_stats=cost)
+    status = torch.zeros(2, dtype=torch.int32)
+    buffer.low_latency_query_mask_buffer(status)
+    buffer.destroy()
+    return status.tolist(), cost.tolist(), count.tolist()
