@@ -4,7 +4,7 @@ receive order, other wait-cost values)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,6 +25,20 @@ def _patch_function(name: str, replacement: Any) -> Iterator[None]:
         yield
     finally:
         setattr(_low_latency, name, original)
+
+
+def _after_receive(out: tuple, action: Callable[[], None]) -> tuple:
+    """What a low-latency call returned (its hook last), with ``action`` run after its receive phase: now, or when
+    the caller runs the hook."""
+    hook = out[-1]
+    if hook is None:
+        action()
+        return out
+
+    def late() -> None:
+        hook()
+        action()
+    return out[:-1] + (late,)
 
 
 @register("ll-wrong-scale-row", "harmful",
@@ -53,15 +67,10 @@ def ll_ue8m0_off_by_one() -> Iterator[None]:
 def ll_recv_count_off_by_one() -> Iterator[None]:
     def after(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        hook = out[4]
-        if hook is None:
-            out[1][0] += 1
-            return out
 
-        def late() -> None:
-            hook()
+        def bump() -> None:
             out[1][0] += 1
-        return out[:4] + (late,)
+        return _after_receive(out, bump)
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
@@ -89,19 +98,7 @@ def ll_stats_not_accumulated() -> Iterator[None]:
         if stats is None:
             return original(self, *args, **kwargs)
         kwargs["cumulative_local_expert_recv_stats"] = scratch = torch.zeros_like(stats)
-        out = original(self, *args, **kwargs)
-
-        def land() -> None:
-            stats.copy_(scratch)
-        if out[4] is None:
-            land()
-            return out
-        hook = out[4]
-
-        def late() -> None:
-            hook()
-            land()
-        return out[:4] + (late,)
+        return _after_receive(original(self, *args, **kwargs), lambda: stats.copy_(scratch))
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
@@ -153,19 +150,7 @@ def ll_cost_stats_not_accumulated() -> Iterator[None]:
         if cost is None:
             return original(self, *args, **kwargs)
         kwargs[name] = scratch = torch.zeros_like(cost)
-        out = original(self, *args, **kwargs)
-
-        def land() -> None:
-            cost.copy_(scratch)
-        if out[-1] is None:
-            land()
-            return out
-        hook = out[-1]
-
-        def late() -> None:
-            hook()
-            land()
-        return out[:-1] + (late,)
+        return _after_receive(original(self, *args, **kwargs), lambda: cost.copy_(scratch))
 
     with contextlib.ExitStack() as stack:
         for method, name in (("low_latency_dispatch", "dispatch_wait_recv_cost_stats"),
@@ -193,18 +178,9 @@ def ll_masked_rank_waited_for() -> Iterator[None]:
         for name in ("dispatch_wait_recv_cost_stats", "combine_wait_recv_cost_stats"):
             if kwargs.get(name) is not None and masked:
                 cost = kwargs[name]
-
-                def add(cost: torch.Tensor = cost) -> None:
-                    cost[masked] += _ll_buffer.NOMINAL_WAIT_CYCLES
-                if out[-1] is None:
-                    add()
-                else:
-                    hook = out[-1]
-
-                    def late(hook: Any = hook, add: Any = add) -> None:
-                        hook()
-                        add()
-                    out = out[:-1] + (late,)
+                out = _after_receive(out, lambda cost=cost: cost.index_add_(
+                    0, torch.tensor(masked), torch.full((len(masked),), _ll_buffer.NOMINAL_WAIT_CYCLES,
+                                                        dtype=cost.dtype)))
         return out
 
     with contextlib.ExitStack() as stack:
@@ -338,14 +314,7 @@ def ll_reverse_source_order() -> Iterator[None]:
                     layout_range[e, s] = (begin << 32) | blocks[s][1]
                     begin += blocks[s][1]
 
-        if hook is None:
-            reorder()
-            return out
-
-        def late() -> None:
-            hook()
-            reorder()
-        return recv_x, recv_count, handle, event, late
+        return _after_receive(out, reorder)
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield

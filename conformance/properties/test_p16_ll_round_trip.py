@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import assert_within_tolerance, for_each_backend
+from conformance.assertions import assert_bytes_equal, assert_within_tolerance, for_each_backend
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle.bounds import BF16_HALF_ULP, BF16_TINY, ll_combine_bound
 from conformance.oracle.quantize import weighted_identity_combine
@@ -47,13 +47,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             raise AssertionError(f"the returned combined_x of rank {rank} is not the out tensor passed in, expected "
                                  f"out itself (written in place and returned) [{call} with out=out]")
         for variant, how in SAME_BYTES.items():
-            if not torch.equal(combines[variant].view(torch.int16), combines["plain"].view(torch.int16)):
-                bad = torch.nonzero(combines[variant].view(torch.int16) != combines["plain"].view(torch.int16))
-                t, c = bad[0].tolist()
-                raise AssertionError(
-                    f"combined_x[rank {rank}][token {t}, col {c}] of the {variant} combine is "
-                    f"{float(combines[variant][t, c])}, expected {float(combines['plain'][t, c])} (the plain "
-                    f"combine's bytes) [{call} with {how}]")
+            assert_bytes_equal(combines[variant], combines["plain"], name=f"combined_x of the {variant} combine",
+                               rank=rank, call=f"{call} with {how}", against="the plain combine")
         x = inputs[rank].x.to(torch.float64)
         if x.numel():
             block_amax = x.abs().reshape(x.shape[0], -1, 128).amax(dim=-1).repeat_interleave(128, dim=1)

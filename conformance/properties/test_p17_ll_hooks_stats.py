@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import assert_counter_accumulates, for_each_backend
+from conformance.assertions import assert_bytes_equal, assert_counter_accumulates, for_each_backend
 from conformance.backends.low_latency import COST_BASE
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle.quantize import expert_rows
@@ -67,14 +67,10 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             cost = after
         out = result["out_hook"]
         call = f"{result['combine_call']} with return_recv_hook=True, out=out"
-        for when, got, want, what in (("before hook()", out["before_hook"], out["pattern"], "its contents (the "
-                                       "result lands in the receive phase)"),
-                                      ("after hook()", out["after"], result["combines"]["plain"], "the plain "
-                                       "combine's bytes")):
-            if not torch.equal(got.view(torch.int16), want.view(torch.int16)):
-                t, c = torch.nonzero(got.view(torch.int16) != want.view(torch.int16))[0].tolist()
-                raise AssertionError(f"out[rank {rank}, token {t}, col {c}] {when} is {float(got[t, c])}, expected "
-                                     f"{float(want[t, c])} ({what}) [{call}]")
+        assert_bytes_equal(out["before_hook"], out["pattern"], name="out before hook()", rank=rank, call=call,
+                           against="its contents before the call (the result lands in the receive phase)")
+        assert_bytes_equal(out["after"], result["combines"]["plain"], name="out after hook()", rank=rank, call=call,
+                           against="the plain combine")
 
     for_each_backend(ctx, example, per_rank, one)
 

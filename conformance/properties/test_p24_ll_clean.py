@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import assert_within_tolerance, for_each_backend
+from conformance.assertions import assert_bytes_equal, assert_within_tolerance, for_each_backend
 from conformance.backends.low_latency import PREFIX_BYTES
 from conformance.core.cases import CleanCase
 from conformance.core.example import build_all_inputs
@@ -62,12 +62,8 @@ def check(ctx: CheckContext, case: CleanCase, per_rank: list[dict[str, Any]]) ->
         call = result["combine_call"]
         assert_within_tolerance("combined_x", result["zero_copy"], exact,
                                 ll_combine_bound(exact, magnitude, example.num_topk), call=call, rank=rank)
-        got, plain = result["zero_copy"].view(torch.int16), result["plain"].view(torch.int16)
-        if not torch.equal(got, plain):
-            t, c = torch.nonzero(got != plain)[0].tolist()
-            raise AssertionError(f"combined_x[rank {rank}, token {t}, col {c}] is {float(result['zero_copy'][t, c])}, "
-                                 f"expected {float(result['plain'][t, c])} (the plain combine of the same rows) "
-                                 f"[{call}]")
+        assert_bytes_equal(result["zero_copy"], result["plain"], name="combined_x", rank=rank, call=call,
+                           against="the plain combine of the same rows")
 
     for_each_backend(ctx, case, per_rank, one)
 
