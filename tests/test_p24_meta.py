@@ -3,6 +3,8 @@ strategy reaches its corners."""
 
 import pytest
 
+from conformance.core.cases import CleanCase
+from conformance.core.example import Example
 from conformance.strategies.low_latency import clean_cases
 from tests.meta import assert_caught, assert_holds, sample
 
@@ -31,10 +33,16 @@ def test_a_clean_that_does_not_clean_lets_a_stale_count_into_the_next_dispatch(e
 def test_holds_on_the_emulation(emulated_session, two_node_session) -> None:
     assert_holds(emulated_session, PID, sample(clean_cases(2), 6))
     assert_holds(two_node_session, PID, sample(clean_cases(4), 3))
+    # 32 experts: the two signalling buffers touch ([0, 128) and [128, 256)), the clean changes one merged range
+    adjacent = CleanCase(Example((0, 0, 0, 0), hidden=2048, num_topk=1, num_experts=32, payload="integers",
+                                 num_max_tokens_per_rank=4))
+    assert_holds(two_node_session, PID, [adjacent])
 
 
 def test_strategy_reaches_its_corners() -> None:
     drawn = sample(clean_cases(2), 40)
     assert {case.hook for case in drawn} == {False, True} and len({case.dirt_seed for case in drawn}) > 10
-    assert {case.example.hidden for case in drawn} == {2048, 4096}
+    assert len({case.example.num_experts for case in drawn}) > 4 and {case.example.num_max_tokens_per_rank
+                                                                      for case in drawn} == {4, 8, 16}
     assert any(0 in case.example.tokens_per_rank for case in drawn)
+    assert any(case.example.num_experts * 4 % 128 == 0 for case in sample(clean_cases(4), 60))  # adjacent buffers

@@ -99,34 +99,32 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     combine_costs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     w = inputs.topk_weights
     combine_cost = torch.full((world_size,), COST_BASE, dtype=torch.int64, device=device)
+    # the hook combine writes into a caller's out= tensor: untouched until the hook runs, then returned
+    pattern = torch.full((inputs.x.shape[0], example.hidden), -3.0, dtype=torch.bfloat16, device=device)
+    target = pattern.clone()
+    out_hook: dict[str, Any] = {"pattern": pattern.cpu()}
 
-    def combine(name: str, x: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+    def combine(name: str, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         out, _, hook = buffer.low_latency_combine(x, inputs.topk_idx, w, handle,
                                                   combine_wait_recv_cost_stats=combine_cost, **kwargs)
         before_hook = combine_cost.cpu().clone()
+        if kwargs.get("out") is not None:
+            out_hook["before_hook"] = kwargs["out"].cpu().clone()
         if hook is not None:
             hook()
         combines[name] = out.cpu()
         combine_costs.append((name, before_hook, combine_cost.cpu().clone()))
-        return out, hook
+        return out
 
     combine("plain", recv_x)
-    combine("hook", recv_x, return_recv_hook=True)
+    returned = combine("hook", recv_x, return_recv_hook=True, out=target)
+    out_returned = returned.data_ptr() == target.data_ptr() and tuple(returned.shape) == tuple(target.shape)
+    out_hook["after"] = target.cpu()
     combine("logfmt", recv_x, use_logfmt=True)
     buffer.get_next_low_latency_combine_buffer(handle).copy_(recv_x)
     combine("zero_copy", torch.zeros_like(recv_x), zero_copy=True)
-    target = torch.full((inputs.x.shape[0], example.hidden), -3.0, dtype=torch.bfloat16, device=device)
-    returned, _ = combine("out", recv_x, out=target)
-    out_returned = returned.data_ptr() == target.data_ptr() and tuple(returned.shape) == tuple(target.shape)
-    # out= with a receive hook: the caller's tensor keeps its contents until the hook runs
-    pattern = torch.full_like(target, 5.0)
-    target = pattern.clone()
-    _, _, hook = buffer.low_latency_combine(recv_x, inputs.topk_idx, w, handle, return_recv_hook=True, out=target)
-    out_before_hook = target.cpu().clone()
-    hook()
     return {"dispatches": dispatches, "stats": stats.cpu(), "combines": combines, "world_size": world_size,
-            "combine_costs": combine_costs, "out_returned": out_returned,
-            "out_hook": {"pattern": pattern.cpu(), "before_hook": out_before_hook, "after": target.cpu()},
+            "combine_costs": combine_costs, "out_returned": out_returned, "out_hook": out_hook,
             "combine_call": f"Buffer.low_latency_combine(recv_x of the bf16 dispatch, topk_idx, topk_weights, "
                             f"handle, combine_wait_recv_cost_stats=cost) on rank {rank}"}
 
@@ -167,16 +165,18 @@ def run_shrink(adapter: Any, inputs: RankInputs, case: ShrinkCase, rank: int, wo
 
 
 def run_clean(adapter: Any, inputs: RankInputs, case: CleanCase, rank: int, world_size: int) -> dict[str, Any]:
-    """``clean_low_latency_buffer`` on a dirty buffer: garbage bytes (never 0) over the whole RDMA buffer
-    (``get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)``), a clean, a dispatch; the bf16 rows staged
-    for a zero-copy combine, a second clean, the zero-copy combine and a plain one.  After each clean: the byte
-    ranges it changed (merged) and the buffer's first :data:`PREFIX_BYTES` bytes."""
+    """``clean_low_latency_buffer`` on a dirty buffer: garbage bytes (never 0; a random block, repeated) over the
+    whole RDMA buffer (``get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)``), a clean, a dispatch; the
+    bf16 rows staged for a zero-copy combine, a second clean, the zero-copy combine and a plain one.  After each
+    clean: the byte ranges it changed (merged) and the buffer's first :data:`PREFIX_BYTES` bytes."""
     example = case.example
     buffer = ll_buffer(adapter, example, world_size)
     t_max, num_experts, hidden = example.num_max_tokens_per_rank, example.num_experts, example.hidden
     raw = buffer.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
     gen = torch.Generator().manual_seed(case.dirt_seed * 7919 + rank)
-    raw.copy_(torch.randint(1, 256, (raw.numel(),), generator=gen, dtype=torch.int64).to(torch.uint8))
+    block = torch.randint(1, 256, (PREFIX_BYTES,), generator=gen, dtype=torch.uint8).to(raw.device)
+    raw.view(-1)[:raw.numel() // PREFIX_BYTES * PREFIX_BYTES].view(-1, PREFIX_BYTES).copy_(block)  # tiled
+    raw[raw.numel() // PREFIX_BYTES * PREFIX_BYTES:] = block[:raw.numel() % PREFIX_BYTES]
     cleans = [_clean(buffer, raw, t_max, hidden, num_experts)]
     recv_x, recv_count, handle, _, hook = buffer.low_latency_dispatch(
         inputs.x, inputs.topk_idx, t_max, num_experts, use_fp8=False, return_recv_hook=case.hook)
@@ -201,8 +201,12 @@ def _clean(buffer: Any, raw: torch.Tensor, t_max: int, hidden: int, num_experts:
     """A ``clean_low_latency_buffer`` and what it did to the RDMA bytes."""
     before = raw.clone()
     buffer.clean_low_latency_buffer(t_max, hidden, num_experts)
-    changed = torch.nonzero(raw != before).flatten().cpu()
-    return {"changed": _ranges(changed), "changed_nonzero": int((raw[raw != before] != 0).sum()),
+    words = raw.numel() // 8 * 8  # compared 8 bytes at a time first (the buffer is large, the changes few)
+    moved = torch.nonzero(raw[:words].view(torch.int64) != before[:words].view(torch.int64)).flatten()
+    candidates = torch.cat([(moved.unsqueeze(1) * 8 + torch.arange(8, device=raw.device)).flatten(),
+                            torch.arange(words, raw.numel(), device=raw.device)])
+    changed = candidates[raw[candidates] != before[candidates]]
+    return {"changed": _ranges(changed.cpu()), "changed_nonzero": int((raw[changed] != 0).sum()),
             "prefix": raw[:PREFIX_BYTES].cpu().clone(),
             "call": f"clean_low_latency_buffer({t_max}, {hidden}, {num_experts})"}
 

@@ -150,6 +150,14 @@ class LowLatencyBuffer:
         self.mask[peer] = 1
 
 
+def preflight_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device, num_rows: int,
+                    error: BaseException | None, what: str) -> tuple[list[int], list[list[bool]]]:
+    """The call's preflight (``_comm.preflight``), which also carries every rank's mask as it sends: ``(row counts,
+    masks)``, ``masks[s][d]``: rank ``s`` does not send to ``d``."""
+    table = _comm.preflight_with(group, device, num_rows, error, what, [int(m) for m in state.masked()])
+    return [row[0] for row in table], [[bool(v) for v in row[1:]] for row in table]
+
+
 def gather_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device) -> list[list[bool]]:
     """Every rank's mask as it sends (``masks[s][d]``: rank ``s`` does not send to ``d``): one all-gather."""
     table = _comm.all_gather_ints(group, [int(m) for m in state.masked()], device)

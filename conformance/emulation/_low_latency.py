@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import _checks, _comm, _exchange, _ll_buffer, _refusals, _sizing
-from ._ll_buffer import LowLatencyBuffer, barrier, fits, gather_masks, layout
+from ._ll_buffer import LowLatencyBuffer, barrier, fits, layout, preflight_masks
 from ._refusals import check, refuse
 from .utils.event import EventHandle, EventOverlap
 
@@ -266,11 +266,11 @@ class LowLatencyMixin:
         _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
                        "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
         qp_error = _qp_error(self.num_qps_per_rank, num_local)
-        counts = _comm.preflight(self.group, x.device, x.shape[0], local_error or qp_error,
-                                 "Buffer.low_latency_dispatch")
         state = self._ll()
+        counts, masks = preflight_masks(self.group, state, x.device, x.shape[0], local_error or qp_error,
+                                        "Buffer.low_latency_dispatch")
         index = state.flip()
-        sent = [not row[me] for row in gather_masks(self.group, state, x.device)]  # did source s send to me
+        sent = [not row[me] for row in masks]  # did source s send to me
 
         # the send phase: the cast at the source, one message per (token, slot) with an expert, then per (expert,
         # destination) the count word -count - 1 (into this call's signalling buffer; the other one is zeroed)
@@ -420,10 +420,9 @@ class LowLatencyMixin:
         _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
                        "v1_ll_combine_unsupported_hidden")
         check(not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182")
-        _comm.preflight(self.group, x.device, num_tokens, local_error, "Buffer.low_latency_combine")
         state = self._ll()
+        _, masks = preflight_masks(self.group, state, x.device, num_tokens, local_error, "Buffer.low_latency_combine")
         index = state.flip()
-        masks = gather_masks(self.group, state, x.device)
         me = self.rank
         source = state.staging(lay, index, num_local, num_ranks * t_max, hidden) if zero_copy else x
 

@@ -26,9 +26,8 @@ FP32_U = 2.0**-24
 LOGFMT_REL = 2.0 ** (32 / 510) - 1
 LOGFMT_CLIP = 2.0**-32
 #: The variants that must give the plain combine's bytes, and how each is called.
-SAME_BYTES = {"hook": "return_recv_hook=True, then hook()",
-              "zero_copy": "zero_copy=True after get_next_low_latency_combine_buffer",
-              "out": "out=a caller's tensor (the result must be written into it and returned)"}
+SAME_BYTES = {"hook": "return_recv_hook=True, out=a caller's tensor, then hook()",
+              "zero_copy": "zero_copy=True after get_next_low_latency_combine_buffer"}
 
 
 def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
@@ -45,7 +44,10 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         assert_within_tolerance("combined_x", combines["plain"], exact, plain_bound, call=call, rank=rank)
         if not result["out_returned"]:
             raise AssertionError(f"the returned combined_x of rank {rank} is not the out tensor passed in, expected "
-                                 f"out itself (written in place and returned) [{call} with out=out]")
+                                 f"out itself (written in place and returned) [{call} with return_recv_hook=True, "
+                                 f"out=out]")
+        assert_bytes_equal(result["out_hook"]["after"], combines["plain"], name="out after hook()", rank=rank,
+                           call=f"{call} with return_recv_hook=True, out=out", against="the plain combine")
         for variant, how in SAME_BYTES.items():
             assert_bytes_equal(combines[variant], combines["plain"], name=f"combined_x of the {variant} combine",
                                rank=rank, call=f"{call} with {how}", against="the plain combine")
