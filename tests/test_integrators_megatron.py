@@ -33,7 +33,7 @@ UNSUPPORTED = {"P8-expand-layout": "v2 (ElasticBuffer) contract", "P11-qp-cap": 
                "P12-bad-input": "'bad_input'", "P14-api-surface": "'api_surface'",
                "P15-ll-dispatch": "'low_latency'", "P16-ll-round-trip": "'low_latency'",
                "P17-ll-hooks-stats": "'low_latency'", "P18-fp8-payloads": "'fp8'", "P19-worst-case": "'fp8'",
-               "P30-call-sequences": "'bad_input'"}
+               "P23-ll-shrink": "'shrink'", "P24-ll-clean": "'ll_buffer'", "P30-call-sequences": "'bad_input'"}
 #: Off unless asked for (``--soak N``): skipped, with the reason, for every backend.
 SKIPPED = {"P31-soak": "soak mode is off"}
 

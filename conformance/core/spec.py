@@ -39,8 +39,12 @@ CAPABILITIES: dict[str, str] = {
     "api_surface": "the deep_ep module's own API surface against the snapshot (P14)",
     "fp8": "dispatch of (float8_e4m3fn x, float32 scales) tuples: bytes and scale rows move with their token (P18)",
     "worst_case": "host-sync-free dispatch: V1 num_worst_tokens, V2 do_cpu_sync=False worst-case shapes (P19)",
-    "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, receive "
-                   "hooks, statistics (P15, P16, P17)",
+    "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, out=, "
+                   "receive hooks, statistics and wait costs (P15, P16, P17)",
+    "shrink": "V1 Buffer(enable_shrink=True): low_latency_update/query/clean_mask_buffer; low-latency dispatch and "
+              "combine leave masked ranks out (P23)",
+    "ll_buffer": "V1 clean_low_latency_buffer and the raw RDMA buffer (get_local_buffer_tensor(use_rdma_buffer=True)): "
+                 "what a clean zeroes, the calls after it (P24)",
 }
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
 BUILTIN_ONLY = frozenset({"qp_cap", "bad_input", "api_surface"})
@@ -50,7 +54,7 @@ _COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_align
                      "autograd", "events", "layout", "bad_input", "api_surface"})
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
-    "v1": _COMMON | {"fp8", "worst_case", "low_latency"},
+    "v1": _COMMON | {"fp8", "worst_case", "low_latency", "shrink", "ll_buffer"},
     "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case"},
 }
 #: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
