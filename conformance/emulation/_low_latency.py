@@ -36,9 +36,10 @@ LOGFMT_VALUES = 1 << 9
 ALIGNMENT = 128
 
 
-#: The refusal rows of ``LowLatencyLayout``'s host asserts (config.hpp:142, :150, :158) on each path that builds one.
+#: The refusal rows of ``LowLatencyLayout``'s host asserts (config.hpp:142, :150, :158) on each path that builds one
+#: (the low-latency calls, the size hint).
 LAYOUT_ROWS = {call: (f"v1_ll_{call}_layout_142", f"v1_ll_{call}_layout_150", f"v1_ll_{call}_layout_158")
-               for call in ("dispatch", "combine")}
+               for call in ("dispatch", "combine", "clean", "next_buffer", "size_hint")}
 
 
 def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
@@ -50,6 +51,7 @@ def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_r
 
 def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """``get_low_latency_rdma_size_hint`` (config.hpp:185-188): the total, rounded up past the next 128."""
+    layout(num_max_dispatch_tokens_per_rank, hidden, num_experts, LAYOUT_ROWS["size_hint"])  # config.hpp:186
     total = layout_total_bytes(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
     return (total + ALIGNMENT) // ALIGNMENT * ALIGNMENT
 
@@ -242,8 +244,7 @@ class LowLatencyMixin:
         answers."""
         check(self.runtime is not None, "v1_ll_clean_after_destroy")
         check(self.low_latency_mode, "v1_ll_clean_1432")
-        lay = layout(num_max_dispatch_tokens_per_rank, hidden, num_experts,
-                     ("v1_ll_clean_config_142", "v1_ll_clean_config_150", "v1_ll_clean_config_158"))
+        lay = layout(num_max_dispatch_tokens_per_rank, hidden, num_experts, LAYOUT_ROWS["clean"])  # buffer.hpp:1434
         check(fits(lay, 0, self.num_rdma_bytes) and fits(lay, 1, self.num_rdma_bytes), "v1_ll_clean_1440")
         state = self._ll()
         barrier(self.group, state, state.device)
@@ -520,9 +521,9 @@ class LowLatencyMixin:
         one combine message per row, csrc/legacy/buffer.hpp:1716-1727)."""
         _, _, t_max, hidden, num_experts = handle  # type: ignore[misc]  # legacy.py:712
         check(self.runtime is not None, "v1_ll_next_buffer_after_destroy")  # legacy.py:713
+        lay = layout(t_max, hidden, num_experts, LAYOUT_ROWS["next_buffer"])  # buffer.hpp:1718
         state = self._ll()
-        return state.staging(layout(t_max, hidden, num_experts), state.index, num_experts // self.group_size,
-                             self.group_size * t_max, hidden)
+        return state.staging(lay, state.index, num_experts // self.group_size, self.group_size * t_max, hidden)
 
 
 def _slot_order(topk_idx: torch.Tensor, expert: int) -> torch.Tensor:
