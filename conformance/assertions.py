@@ -473,6 +473,14 @@ def assert_counter_accumulates(name: str, got: torch.Tensor, previous: torch.Ten
                                  f"before the call: the counter accumulates) [{call}]")
 
 
+def assert_returned_iff(name: str, returned: bool, option: str, requested: bool, *, what: str, call: str) -> None:
+    """An optional result (a receive hook, an event) is there exactly when the call's ``option`` asked for it."""
+    __tracebackhide__ = True
+    if returned != requested:
+        raise AssertionError(f"{name} is {what if returned else 'None'}, expected {what if requested else 'None'} "
+                             f"({option}={requested}) [{call}]")
+
+
 def same_value(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Elementwise: same bytes, or both NaN (any payload), or both zero (either sign), or a subnormal expected
     value flushed to zero (GPU float32 reductions may run flush-to-zero; seen on CUDA with the emulation).

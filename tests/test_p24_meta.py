@@ -15,6 +15,7 @@ PID = "P24-ll-clean"
     ("ll-clean-does-not-clean", "expected 0"),
     ("ll-clean-zeroes-everything", "expected only bytes of the signalling buffers"),
     ("ll-clean-flips-buffer-index", "combined_x"),
+    ("ll-local-buffer-offset-in-elements", "get_local_buffer_tensor(torch.int32"),
 ])
 def test_catches(emulated_session, mutant: str, says: str) -> None:
     _, message = assert_caught(emulated_session, PID, mutant, clean_cases(2))

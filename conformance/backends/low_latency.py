@@ -1,9 +1,10 @@
 """V1 low-latency calls the way decoding stacks make them: one low-latency ``Buffer`` per (tokens, hidden,
 experts), the four casts of ``tests/legacy/test_low_latency.py`` (bf16; FP8; FP8 with power-of-two scales; FP8
-with packed UE8M0 scales), receive hooks on every other call, one statistics tensor and one wait-cost tensor
-across the calls, then the combines (plain, with a receive hook, LogFMT-10, zero-copy, into ``out=``) of the bf16
-dispatch.  Also the shrink-mode calls (:func:`run_shrink`: masks, then dispatch/combine with masked ranks) and
-the buffer cleaning (:func:`run_clean`: garbage over the RDMA buffer, ``clean_low_latency_buffer``, calls after)."""
+with packed UE8M0 scales), receive hooks on every other call, ``async_finish`` (then a wait on the event) on one
+call without, one statistics tensor and one wait-cost tensor across the calls, then the combines (plain,
+``async_finish``, with a receive hook into ``out=``, LogFMT-10, zero-copy) of the bf16 dispatch.  Also the
+shrink-mode calls (:func:`run_shrink`: masks, then dispatch/combine with masked ranks) and the buffer cleaning
+(:func:`run_clean`: garbage over the RDMA buffer, ``clean_low_latency_buffer``, calls after)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ import torch
 from conformance.core.cases import CleanCase, ShrinkCase
 from conformance.core.example import Example, RankInputs
 
-#: ``(use_fp8, round_scale, use_ue8m0, return_recv_hook)`` of each dispatch, in call order.
-DISPATCH_CALLS = ((False, False, False, False), (True, False, False, True), (True, True, False, False),
-                  (True, True, True, True))
+#: ``(use_fp8, round_scale, use_ue8m0, return_recv_hook, async_finish)`` of each dispatch, in call order (a hook and
+#: ``async_finish`` exclude each other, csrc/legacy/buffer.hpp:1511).
+DISPATCH_CALLS = ((False, False, False, False, False), (True, False, False, True, False),
+                  (True, True, False, False, True), (True, True, True, True, False))
 #: Where the wait-cost statistics start (a running counter, as a serving stack keeps them): far above any one
 #: call's cycles, so that a counter overwritten instead of accumulated falls below it.
 COST_BASE = 1 << 40
@@ -50,12 +52,14 @@ def destroy_ll(adapter: Any) -> None:
 
 
 def describe(example: Example, rank: int, use_fp8: bool, round_scale: bool, use_ue8m0: bool, hook: bool,
-             extra: str = "cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=cost") -> str:
+             extra: str = "cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=cost",
+             async_finish: bool = False) -> str:
     t = example.tokens_per_rank[rank]
+    waited = ", async_finish=True, then event.current_stream_wait()" if async_finish else ""
     return (f"Buffer.low_latency_dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
             f"num_max_dispatch_tokens_per_rank={example.num_max_tokens_per_rank}, num_experts={example.num_experts}, "
             f"use_fp8={use_fp8}, round_scale={round_scale}, use_ue8m0={use_ue8m0}, return_recv_hook={hook}, "
-            f"{extra}) on rank {rank}")
+            f"{extra}{waited}) on rank {rank}")
 
 
 def dispatch_record(recv_x: Any, recv_count: torch.Tensor, handle: tuple, use_fp8: bool) -> dict[str, Any]:
@@ -76,18 +80,22 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     cost = torch.full((world_size,), COST_BASE, dtype=torch.int64, device=device)
     dispatches = []
     bf16 = None
-    for use_fp8, round_scale, use_ue8m0, hook_on in DISPATCH_CALLS:
+    for use_fp8, round_scale, use_ue8m0, hook_on, async_on in DISPATCH_CALLS:
         recv_x, recv_count, handle, event, hook = buffer.low_latency_dispatch(
             inputs.x, inputs.topk_idx, t_max, num_experts, cumulative_local_expert_recv_stats=stats,
             dispatch_wait_recv_cost_stats=cost, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0,
-            return_recv_hook=hook_on)
+            async_finish=async_on, return_recv_hook=hook_on)
+        event_is_none = event.event is None
+        if async_on and not event_is_none:
+            event.current_stream_wait()
         stats_before_hook, cost_before_hook = stats.cpu().clone(), cost.cpu().clone()
         if hook_on:
             hook()
         dispatches.append({
             **dispatch_record(recv_x, recv_count, handle, use_fp8),
-            "call": describe(example, rank, use_fp8, round_scale, use_ue8m0, hook_on),
+            "call": describe(example, rank, use_fp8, round_scale, use_ue8m0, hook_on, async_finish=async_on),
             "options": (use_fp8, round_scale, use_ue8m0, hook_on), "hook_is_none": hook is None,
+            "async_finish": async_on, "event_is_none": event_is_none,
             "stats_before_hook": stats_before_hook, "stats_after": stats.cpu().clone(),
             "cost_before_hook": cost_before_hook, "cost_after": cost.cpu().clone(),
         })
@@ -96,6 +104,7 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     assert bf16 is not None
     recv_x, handle = bf16
     combines: dict[str, torch.Tensor] = {}
+    combine_events: dict[str, bool] = {}  # name -> whether its event was None
     combine_costs: list[tuple[str, torch.Tensor, torch.Tensor]] = []
     w = inputs.topk_weights
     combine_cost = torch.full((world_size,), COST_BASE, dtype=torch.int64, device=device)
@@ -105,8 +114,11 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     out_hook: dict[str, Any] = {"pattern": pattern.cpu()}
 
     def combine(name: str, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        out, _, hook = buffer.low_latency_combine(x, inputs.topk_idx, w, handle,
-                                                  combine_wait_recv_cost_stats=combine_cost, **kwargs)
+        out, event, hook = buffer.low_latency_combine(x, inputs.topk_idx, w, handle,
+                                                      combine_wait_recv_cost_stats=combine_cost, **kwargs)
+        combine_events[name] = event.event is None
+        if kwargs.get("async_finish") and event.event is not None:
+            event.current_stream_wait()
         before_hook = combine_cost.cpu().clone()
         if kwargs.get("out") is not None:
             out_hook["before_hook"] = kwargs["out"].cpu().clone()
@@ -117,6 +129,7 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
         return out
 
     combine("plain", recv_x)
+    combine("async", recv_x, async_finish=True)
     returned = combine("hook", recv_x, return_recv_hook=True, out=target)
     out_returned = returned.data_ptr() == target.data_ptr() and tuple(returned.shape) == tuple(target.shape)
     out_hook["after"] = target.cpu()
@@ -124,7 +137,8 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     buffer.get_next_low_latency_combine_buffer(handle).copy_(recv_x)
     combine("zero_copy", torch.zeros_like(recv_x), zero_copy=True)
     return {"dispatches": dispatches, "stats": stats.cpu(), "combines": combines, "world_size": world_size,
-            "combine_costs": combine_costs, "out_returned": out_returned, "out_hook": out_hook,
+            "combine_costs": combine_costs, "combine_events": combine_events, "out_returned": out_returned,
+            "out_hook": out_hook,
             "combine_call": f"Buffer.low_latency_combine(recv_x of the bf16 dispatch, topk_idx, topk_weights, "
                             f"handle, combine_wait_recv_cost_stats=cost) on rank {rank}"}
 
@@ -168,7 +182,8 @@ def run_clean(adapter: Any, inputs: RankInputs, case: CleanCase, rank: int, worl
     """``clean_low_latency_buffer`` on a dirty buffer: garbage bytes (never 0; a random block, repeated) over the
     whole RDMA buffer (``get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)``), a clean, a dispatch; the
     bf16 rows staged for a zero-copy combine, a second clean, the zero-copy combine and a plain one.  After each
-    clean: the byte ranges it changed (merged) and the buffer's first :data:`PREFIX_BYTES` bytes."""
+    clean: the byte ranges it changed (merged), the buffer's first :data:`PREFIX_BYTES` bytes, and the second
+    signalling buffer through ``get_local_buffer_tensor(torch.int32, size, offset, use_rdma_buffer=True)``."""
     example = case.example
     buffer = ll_buffer(adapter, example, world_size)
     t_max, num_experts, hidden = example.num_max_tokens_per_rank, example.num_experts, example.hidden
@@ -206,8 +221,12 @@ def _clean(buffer: Any, raw: torch.Tensor, t_max: int, hidden: int, num_experts:
     candidates = torch.cat([(moved.unsqueeze(1) * 8 + torch.arange(8, device=raw.device)).flatten(),
                             torch.arange(words, raw.numel(), device=raw.device)])
     changed = candidates[raw[candidates] != before[candidates]]
+    # the second signalling buffer's words read through a view of their own: byte offset align_up(4 * experts, 128)
+    # (LowLatencyLayout, csrc/legacy/config.hpp:165-175), num_experts int32 elements
+    offset = -(-num_experts * 4 // 128) * 128
+    words = buffer.get_local_buffer_tensor(torch.int32, torch.Size([num_experts]), offset=offset, use_rdma_buffer=True)
     return {"changed": _ranges(changed.cpu()), "changed_nonzero": int((raw[changed] != 0).sum()),
-            "prefix": raw[:PREFIX_BYTES].cpu().clone(),
+            "prefix": raw[:PREFIX_BYTES].cpu().clone(), "words_at": offset, "words": words.cpu().clone(),
             "call": f"clean_low_latency_buffer({t_max}, {hidden}, {num_experts})"}
 
 

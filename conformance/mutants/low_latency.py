@@ -277,6 +277,33 @@ def ll_clean_flips_buffer_index() -> Iterator[None]:
         yield
 
 
+@register("ll-local-buffer-offset-in-elements", "harmful",
+          "get_local_buffer_tensor counts offset in elements of dtype instead of bytes (a view past the one asked for)")
+def ll_local_buffer_offset_in_elements() -> Iterator[None]:
+    def scaled(original: Any, self: Any, dtype: torch.dtype, size: Any = None, offset: int = 0,
+               use_rdma_buffer: bool = False) -> torch.Tensor:
+        return original(self, dtype, size, offset * dtype.itemsize, use_rdma_buffer)
+
+    with wrap_method(Buffer, "get_local_buffer_tensor", scaled):
+        yield
+
+
+@register("ll-async-event-missing", "harmful",
+          "low-latency dispatch and combine with async_finish=True return an EventOverlap without an event")
+def ll_async_event_missing() -> Iterator[None]:
+    def eventless(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if not kwargs.get("async_finish"):
+            return out
+        at = len(out) - 2  # (..., event, hook)
+        return out[:at] + (type(out[at])(None),) + out[at + 1:]
+
+    with contextlib.ExitStack() as stack:
+        for method in ("low_latency_dispatch", "low_latency_combine"):
+            stack.enter_context(wrap_method(LowLatencyMixin, method, eventless))
+        yield
+
+
 @register("fp8-scales-not-moved", "harmful",
           "V1 FP8 dispatch delivers the received tokens' scale rows in the sender's row order (not moved with them)")
 def fp8_scales_not_moved() -> Iterator[None]:

@@ -1,9 +1,9 @@
 """P16 low-latency round trip: identity experts combined by ``low_latency_combine`` give every token ``x * (sum
-of its weights)`` within the derived bound of one float32 accumulation and one bf16 rounding; the receive-hook
-and zero-copy combines, and a combine into a caller's ``out=`` tensor (written in place and returned), give the
-same bytes; LogFMT-10 stays within its derived bound (a 9-bit log code per
-128-channel block: relative error below ``2^(32/510) - 1``, values under ``amax * 2^-32`` may vanish); and the
-result agrees with the normal-mode round trip (``Buffer.dispatch`` / ``combine``) within both bounds."""
+of its weights)`` within the derived bound of one float32 accumulation and one bf16 rounding; the ``async_finish``
+(waited on), receive-hook and zero-copy combines, and a combine into a caller's ``out=`` tensor (written in place
+and returned), give the same bytes; LogFMT-10 stays within its derived bound (a 9-bit log code per 128-channel
+block: relative error below ``2^(32/510) - 1``, values under ``amax * 2^-32`` may vanish); and the result agrees
+with the normal-mode round trip (``Buffer.dispatch`` / ``combine``) within both bounds."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ FP32_U = 2.0**-24
 LOGFMT_REL = 2.0 ** (32 / 510) - 1
 LOGFMT_CLIP = 2.0**-32
 #: The variants that must give the plain combine's bytes, and how each is called.
-SAME_BYTES = {"hook": "return_recv_hook=True, out=a caller's tensor, then hook()",
+SAME_BYTES = {"async": "async_finish=True, then event.current_stream_wait()",
+              "hook": "return_recv_hook=True, out=a caller's tensor, then hook()",
               "zero_copy": "zero_copy=True after get_next_low_latency_combine_buffer"}
 
 
@@ -74,8 +75,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P16-ll-round-trip",
     title="low-latency dispatch -> combine of identity experts gives x * sum(weights) within the derived bound; "
-          "hook, zero-copy and out= combines give the same bytes (out= written in place and returned); LogFMT-10 "
-          "within its bound; agrees with normal mode",
+          "async, hook, zero-copy and out= combines give the same bytes (out= written in place and returned); "
+          "LogFMT-10 within its bound; agrees with normal mode",
     strategy=sized(ll_examples), task=low_latency_runs, check=check, apis=("v1",), needs=("low_latency",),
 ))
 test_ll_round_trip = PROPERTY.test

@@ -1,9 +1,11 @@
-"""P17 receive hooks and statistics: a low-latency dispatch returns a hook exactly when ``return_recv_hook=True``;
-until the hook runs nothing is received (the statistics and the wait costs have not moved; a combine's ``out=``
-tensor keeps its contents); after it the call's results hold (P15, P16 check their contents);
-``cumulative_local_expert_recv_stats``, passed to every call, equals the oracle's per-local-expert slot counts
-accumulated over the calls made so far; and the wait-cost counters ``dispatch_wait_recv_cost_stats`` /
-``combine_wait_recv_cost_stats`` (clock cycles per source rank, from a running value) only grow.
+"""P17 receive hooks, events and statistics: a low-latency dispatch returns a hook exactly when
+``return_recv_hook=True`` and an event exactly when ``async_finish=True`` (csrc/legacy/buffer.hpp:1580-1592,
+:1699-1711; a combine too); until the hook runs nothing is received (the statistics and the wait costs have not
+moved; a combine's ``out=`` tensor keeps its contents); after it (or the wait on the event) the call's results hold
+(P15, P16 check their contents); ``cumulative_local_expert_recv_stats``, passed to every call, equals the oracle's
+per-local-expert slot counts accumulated over the calls made so far; and the wait-cost counters
+``dispatch_wait_recv_cost_stats`` / ``combine_wait_recv_cost_stats`` (clock cycles per source rank, from a running
+value) only grow.
 
 The cost values themselves are timing (``clock64()`` differences of the receive phase's polling loop,
 ``internode_ll.cu:384-416`` and ``:948-974``): a wait whose data had arrived at the first poll adds 0, so no value,
@@ -15,7 +17,12 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import assert_bytes_equal, assert_counter_accumulates, for_each_backend
+from conformance.assertions import (
+    assert_bytes_equal,
+    assert_counter_accumulates,
+    assert_returned_iff,
+    for_each_backend,
+)
 from conformance.backends.low_latency import COST_BASE
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle.quantize import expert_rows
@@ -38,9 +45,9 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         previous, cost = torch.zeros_like(per_call), base
         for i, run in enumerate(result["dispatches"]):
             hook_on, call = run["options"][3], run["call"]
-            if run["hook_is_none"] == hook_on:
-                raise AssertionError(f"the returned hook is {'None' if run['hook_is_none'] else 'a callable'}, "
-                                     f"expected {'a callable' if hook_on else 'None'} [{call}]")
+            assert_returned_iff("the returned hook", not run["hook_is_none"], "return_recv_hook", hook_on,
+                                what="a callable", call=call)
+            _assert_event_iff(not run["event_is_none"], run["async_finish"], call)
             if hook_on and not torch.equal(run["stats_before_hook"], previous):
                 raise AssertionError(
                     f"cumulative_local_expert_recv_stats before hook() is {run['stats_before_hook'].tolist()}, "
@@ -60,6 +67,7 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         cost = base
         for name, before_hook, after in result["combine_costs"]:
             call = f"{result['combine_call']} ({name})"
+            _assert_event_iff(not result["combine_events"][name], name == "async", call)
             if name == "hook" and not torch.equal(before_hook, cost):
                 raise AssertionError(f"combine_wait_recv_cost_stats before hook() is {before_hook.tolist()}, "
                                      f"expected {cost.tolist()} (the receive phase has not run) [{call}]")
@@ -73,11 +81,16 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     for_each_backend(ctx, example, per_rank, one)
 
 
+def _assert_event_iff(returned: bool, async_finish: bool, call: str) -> None:
+    assert_returned_iff("the returned EventOverlap's event", returned, "async_finish", async_finish, what="an event",
+                        call=call)
+
+
 PROPERTY = register(Property(
     id="P17-ll-hooks-stats",
-    title="low-latency receive hooks: returned iff requested, nothing received before the hook (statistics, wait "
-          "costs, out= untouched); cumulative_local_expert_recv_stats = oracle counts accumulated over the calls; "
-          "wait-cost counters only grow",
+    title="low-latency receive hooks and events: returned iff requested, nothing received before the hook "
+          "(statistics, wait costs, out= untouched); cumulative_local_expert_recv_stats = oracle counts accumulated "
+          "over the calls; wait-cost counters only grow",
     strategy=sized(ll_examples), task=low_latency_runs, check=check, apis=("v1",), needs=("low_latency",),
 ))
 test_ll_hooks_stats = PROPERTY.test

@@ -5,7 +5,10 @@ of the layout (``4 * num_experts`` bytes at 0 and at ``align_up(4 * num_experts,
 leaks into it); a second clean between staging rows with ``get_next_low_latency_combine_buffer`` and a zero-copy
 combine again zeroes only signalling bytes, and the zero-copy combine still sends the staged rows (the clean
 keeps the send buffer and the double-buffer index): it equals the oracle and the plain combine byte for byte
-(DeepEP 2.1.0 ``csrc/legacy/buffer.hpp:1431-1455``, ``internode_ll.cu:71-99``)."""
+(DeepEP 2.1.0 ``csrc/legacy/buffer.hpp:1431-1455``, ``internode_ll.cu:71-99``).  After each clean, the second
+signalling buffer read through a view of its own (``get_local_buffer_tensor(torch.int32, size, offset,
+use_rdma_buffer=True)``: ``offset`` in bytes, ``size`` in elements, legacy.py:201-220) holds the same bytes as the
+whole buffer's view there."""
 
 from __future__ import annotations
 
@@ -50,6 +53,14 @@ def check_clean(clean: dict[str, Any], regions: list[tuple[int, int]], rank: int
             at = begin + int(torch.nonzero(values != 0)[0])
             raise AssertionError(f"RDMA byte {at} is {int(clean['prefix'][at])} after the clean, expected 0 (it lies "
                                  f"in the signalling buffer [{begin}, {end})) [{call}]")
+    begin, end = regions[1]
+    if clean["words_at"] != begin:
+        raise AssertionError(f"the task read the second signalling buffer at byte {clean['words_at']}, expected "
+                             f"{begin} (the layout's) [{call}]")
+    assert_bytes_equal(clean["words"], clean["prefix"][begin:end].view(torch.int32), rank=rank, labels=("expert",),
+                       name=f"get_local_buffer_tensor(torch.int32, torch.Size([{(end - begin) // 4}]), offset={begin}, "
+                            "use_rdma_buffer=True)", call=call,
+                       against=f"bytes [{begin}, {end}) of get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)")
 
 
 def check(ctx: CheckContext, case: CleanCase, per_rank: list[dict[str, Any]]) -> None:
