@@ -461,6 +461,42 @@ def assert_close_across(got: torch.Tensor, other: torch.Tensor, expected: Expect
         )
 
 
+def assert_within_tolerance(name: str, got: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, *, call: str,
+                            rank: int) -> None:
+    """Every ``|got - expected| <= bound`` (float64 ``expected`` and ``bound``, ``[tokens, hidden]``); a NaN fails."""
+    __tracebackhide__ = True
+    err = (got.to(torch.float64) - expected).abs()
+    bad = ~(err <= bound)
+    if bool(bad.any()):
+        t, c = torch.nonzero(bad)[0].tolist()
+        raise AssertionError(f"{where(name, rank, (t, c), ('token', 'col'))} is {float(got[t, c])}, expected "
+                             f"{float(expected[t, c])} within {float(bound[t, c]):.3g} (error {float(err[t, c]):.3g}) "
+                             f"[{call}]")
+
+
+def assert_counter_accumulates(name: str, got: torch.Tensor, previous: torch.Tensor, *, call: str, why: str = "",
+                               unchanged: Sequence[int] = ()) -> None:
+    """A cumulative counter (one entry per rank): every entry at least ``previous`` (it only ever adds), and the
+    entries in ``unchanged`` exactly ``previous`` (nothing may be added there; ``why`` says why)."""
+    __tracebackhide__ = True
+    got, previous = got.to(torch.int64), previous.to(torch.int64)
+    for i in range(previous.numel()):
+        if i in unchanged and int(got[i]) != int(previous[i]):
+            raise AssertionError(f"{name}[{i}] is {int(got[i])}, expected {int(previous[i])} unchanged ({why}) "
+                                 f"[{call}]")
+        if int(got[i]) < int(previous[i]):
+            raise AssertionError(f"{name}[{i}] is {int(got[i])}, expected at least {int(previous[i])} (its value "
+                                 f"before the call: the counter accumulates) [{call}]")
+
+
+def assert_returned_iff(name: str, returned: bool, option: str, requested: bool, *, what: str, call: str) -> None:
+    """An optional result (a receive hook, an event) is there exactly when the call's ``option`` asked for it."""
+    __tracebackhide__ = True
+    if returned != requested:
+        raise AssertionError(f"{name} is {what if returned else 'None'}, expected {what if requested else 'None'} "
+                             f"({option}={requested}) [{call}]")
+
+
 def same_value(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
     """Elementwise: same bytes, or both NaN (any payload), or both zero (either sign), or a subnormal expected
     value flushed to zero (GPU float32 reductions may run flush-to-zero; seen on CUDA with the emulation).

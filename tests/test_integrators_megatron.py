@@ -35,7 +35,8 @@ UNSUPPORTED = {"P8-expand-layout": "v2 (ElasticBuffer) contract", "P11-qp-cap": 
                "P17-ll-hooks-stats": "'low_latency'", "P18-fp8-payloads": "'fp8'", "P19-worst-case": "'fp8'",
                "P20-dispatch-options": "v2 (ElasticBuffer) contract",
                "P21-buffer-options": "v2 (ElasticBuffer) contract",
-               "P22-epilogue-events": "v2 (ElasticBuffer) contract", "P30-call-sequences": "'bad_input'"}
+               "P22-epilogue-events": "v2 (ElasticBuffer) contract",
+               "P23-ll-shrink": "'shrink'", "P24-ll-clean": "'ll_buffer'", "P30-call-sequences": "'bad_input'"}
 #: Off unless asked for (``--soak N``): skipped, with the reason, for every backend.
 SKIPPED = {"P31-soak": "soak mode is off"}
 

@@ -9,7 +9,8 @@ from tests.meta import assert_caught, assert_holds, sample
 PID = "P17-ll-hooks-stats"
 
 
-@pytest.mark.parametrize("mutant", ['ll-hook-before-data', 'll-stats-not-accumulated'])
+@pytest.mark.parametrize("mutant", ['ll-hook-before-data', 'll-stats-not-accumulated', 'll-out-written-before-hook',
+                                    'll-cost-stats-not-accumulated', 'll-async-event-missing'])
 def test_catches(emulated_session, mutant: str) -> None:
     example, message = assert_caught(emulated_session, PID, mutant, ll_examples(2))
     assert "expected" in message and "[" in message, message  # value, expectation and the call
@@ -21,3 +22,7 @@ def test_holds_on_the_emulation(emulated_session) -> None:
 
 def test_spares_an_allowed_receive_order(emulated_session) -> None:
     assert_holds(emulated_session, PID, sample(ll_examples(2), 4), mutant="ll-reverse-source-order")
+
+
+def test_spares_other_wait_costs(emulated_session) -> None:
+    assert_holds(emulated_session, PID, sample(ll_examples(2), 4), mutant="ll-wait-costs-doubled")

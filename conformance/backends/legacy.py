@@ -146,6 +146,20 @@ class LegacyAdapter(AdapterBase):
 
         return low_latency.run(self, inputs, example, rank, world_size)
 
+    def low_latency_shrink(self, inputs: RankInputs, case: Any, rank: int, world_size: int) -> dict[str, Any]:
+        """The mask calls and the low-latency calls of a shrink-mode case (capability ``shrink``; see
+        :func:`conformance.backends.low_latency.run_shrink`)."""
+        from conformance.backends import low_latency
+
+        return low_latency.run_shrink(self, inputs, case, rank, world_size)
+
+    def low_latency_clean(self, inputs: RankInputs, case: Any, rank: int, world_size: int) -> dict[str, Any]:
+        """``clean_low_latency_buffer`` on a dirty RDMA buffer and the calls after it (capability ``ll_buffer``;
+        see :func:`conformance.backends.low_latency.run_clean`)."""
+        from conformance.backends import low_latency
+
+        return low_latency.run_clean(self, inputs, case, rank, world_size)
+
     def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
                      num_worst_tokens: int = 0) -> dict[str, Any]:
         """``Buffer.dispatch((x, scales), ...)`` (capability ``fp8``; ``num_worst_tokens``: capability

@@ -161,6 +161,20 @@ class PluginBackend:
         self._require("low_latency", "low_latency_dispatch / low_latency_combine")
         raise NotSupported(f"{self.spec.name} declares 'low_latency' but does not override PluginBackend.low_latency")
 
+    def low_latency_shrink(self, inputs: RankInputs, case: Any, rank: int, world_size: int) -> dict[str, Any]:
+        """Capability ``shrink``: override with the calls of ``conformance.backends.low_latency.run_shrink`` (same
+        result layout) to opt in."""
+        self._require("shrink", "Buffer(enable_shrink=True) mask calls and masked low-latency calls")
+        raise NotSupported(f"{self.spec.name} declares 'shrink' but does not override "
+                           "PluginBackend.low_latency_shrink")
+
+    def low_latency_clean(self, inputs: RankInputs, case: Any, rank: int, world_size: int) -> dict[str, Any]:
+        """Capability ``ll_buffer``: override with the calls of ``conformance.backends.low_latency.run_clean`` (same
+        result layout) to opt in."""
+        self._require("ll_buffer", "clean_low_latency_buffer on the raw RDMA buffer")
+        raise NotSupported(f"{self.spec.name} declares 'll_buffer' but does not override "
+                           "PluginBackend.low_latency_clean")
+
     def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
                      **options: Any) -> dict[str, Any]:
         """Capabilities ``fp8`` / ``worst_case``: override (result layout of the built-in adapters' ``fp8_dispatch``)

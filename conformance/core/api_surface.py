@@ -34,12 +34,10 @@ DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
 #: Probe keys compared (``EventOverlap`` as the location relative to the package, e.g. ``.utils``).
 PROBE_KEYS = ("Buffer", "ElasticBuffer", "EventOverlap")
 #: Public methods of the real classes (docs/real-runs/api-surface-real-2.1.0.json) whose signatures are not compared:
-#: Engram, PP, AGRS and the deterministic epilogue are outside the contract; the shrink-mode mask calls are
-#: transcribed in the signatures file but not emulated yet (remove their line here, then ``--write``, to compare
-#: them).  Not snapshotted, and not reported when present; the coverage self-test lists them as methods
-#: (conformance/data/api-surface/coverage.toml says why each one is not exercised).
+#: Engram, PP, AGRS and the deterministic epilogue are outside the contract.  Not snapshotted, and not reported when
+#: present; the coverage self-test lists them as methods (conformance/data/api-surface/coverage.toml says why each
+#: one is not exercised).
 NOT_COVERED = {
-    "Buffer": ["low_latency_update_mask_buffer", "low_latency_query_mask_buffer", "low_latency_clean_mask_buffer"],
     "ElasticBuffer": ["agrs_get_inplace_tensor", "agrs_new_session", "agrs_set_config", "all_gather",
                       "create_agrs_session", "destroy_agrs_session", "engram_fetch", "engram_write",
                       "get_agrs_buffer_size_hint", "get_agrs_num_max_session_bytes", "get_engram_storage_size_hint",

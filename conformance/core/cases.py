@@ -306,3 +306,37 @@ class SoakCase(ExampleCase):
         super().validate()
         if self.repetitions < 1:
             raise ValueError(f"repetitions={self.repetitions} must be at least 1")
+
+
+@dataclass(frozen=True)
+class ShrinkCase(ExampleCase):
+    """P23 (V1 shrink mode): the ranks in ``masked`` have failed, the others mask them; an unmasked rank also
+    masks ``toggled`` and unmasks it again before the calls; ``hook``: the calls use receive hooks."""
+
+    masked: tuple[int, ...] = ()
+    toggled: int | None = None
+    hook: bool = False
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Inverse of :meth:`to_json`."""
+        case = super().from_json(text)
+        return dataclasses.replace(case, masked=tuple(case.masked))
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the ranks are ranks of the world (``masked`` sorted, without repeats)."""
+        super().validate()
+        ranks = range(self.world_size)
+        if list(self.masked) != sorted(set(self.masked)) or any(r not in ranks for r in self.masked):
+            raise ValueError(f"masked={self.masked} must be distinct ranks of {self.world_size}, ascending")
+        if self.toggled is not None and (self.toggled not in ranks or self.toggled in self.masked):
+            raise ValueError(f"toggled={self.toggled} must be a rank that is not masked")
+
+
+@dataclass(frozen=True)
+class CleanCase(ExampleCase):
+    """P24 (V1 ``clean_low_latency_buffer``): ``dirt_seed`` seeds the garbage written over the RDMA buffer first;
+    ``hook``: the dispatch after the clean uses a receive hook."""
+
+    dirt_seed: int = 0
+    hook: bool = False

@@ -39,8 +39,12 @@ CAPABILITIES: dict[str, str] = {
     "api_surface": "the deep_ep module's own API surface against the snapshot (P14)",
     "fp8": "dispatch of (float8_e4m3fn x, float32 scales) tuples: bytes and scale rows move with their token (P18)",
     "worst_case": "host-sync-free dispatch: V1 num_worst_tokens, V2 do_cpu_sync=False worst-case shapes (P19)",
-    "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, receive "
-                   "hooks, statistics (P15, P16, P17)",
+    "low_latency": "V1 low_latency_dispatch / low_latency_combine: FP8 cast, UE8M0, LogFMT, zero-copy, out=, "
+                   "receive hooks, statistics and wait costs (P15, P16, P17)",
+    "shrink": "V1 Buffer(enable_shrink=True): low_latency_update/query/clean_mask_buffer; low-latency dispatch and "
+              "combine leave masked ranks out (P23)",
+    "ll_buffer": "V1 clean_low_latency_buffer and the raw RDMA buffer (get_local_buffer_tensor(use_rdma_buffer=True)): "
+                 "what a clean zeroes, the calls after it (P24)",
     "dispatch_options": "V2 dispatch options do_handle_copy, do_zero_padding and cumulative_local_expert_recv_stats "
                         "(DispatchOptions fields, dispatch(stats=...)) (P20)",
     "buffer_options": "V2 buffers built with allow_multiple_reduction / prefer_overlap_with_compute (DispatchOptions "
@@ -56,7 +60,7 @@ _COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_align
                      "autograd", "events", "layout", "bad_input", "api_surface"})
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
-    "v1": _COMMON | {"fp8", "worst_case", "low_latency"},
+    "v1": _COMMON | {"fp8", "worst_case", "low_latency", "shrink", "ll_buffer"},
     "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case", "dispatch_options", "buffer_options",
                      "epilogue_events"},
 }

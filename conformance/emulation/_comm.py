@@ -54,7 +54,20 @@ def preflight(
     Returns:
         the row count of every rank.
     """
-    table = all_gather_ints(group, [num_rows, 0 if error is None else 1], device)
+    return [row[0] for row in preflight_with(group, device, num_rows, error, what)]
+
+
+def preflight_with(
+    group: dist.ProcessGroup,
+    device: torch.device,
+    num_rows: int,
+    error: str | BaseException | None,
+    what: str,
+    extra: Sequence[int] = (),
+) -> list[list[int]]:
+    """:func:`preflight` that also exchanges ``extra`` ints of every rank (the same count on every rank): per rank
+    ``[num_rows, *extra]``."""
+    table = all_gather_ints(group, [num_rows, 0 if error is None else 1, *extra], device)
     if isinstance(error, BaseException):
         raise error
     if error is not None:
@@ -65,7 +78,7 @@ def preflight(
             f"{what}: rank(s) {bad} refused their input (see the exception on those ranks); "
             f"nothing was communicated"
         )
-    return [int(v) for v in table[:, 0]]
+    return [[int(row[0]), *(int(v) for v in row[2:])] for row in table]
 
 
 def all_gather_rows(

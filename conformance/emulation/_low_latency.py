@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from . import _checks, _comm, _exchange, _refusals, _sizing
+from . import _checks, _comm, _exchange, _ll_buffer, _refusals, _sizing
+from ._ll_buffer import LowLatencyBuffer, barrier, fits, layout, preflight_masks
 from ._refusals import check, refuse
 from .utils.event import EventHandle, EventOverlap
 
@@ -35,32 +36,22 @@ LOGFMT_VALUES = 1 << 9
 ALIGNMENT = 128
 
 
-def layout_send_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> int:
-    """One send buffer of ``LowLatencyLayout`` (config.hpp:147-149): a token's dispatch messages or every expert's
-    combine messages; the layout asserts it is a multiple of 16 (config.hpp:150)."""
-    num_scales = hidden // 128
-    dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
-    combine_msg = num_scales * 4 + hidden * 2
-    tokens = num_max_dispatch_tokens_per_rank
-    return max(tokens * dispatch_msg, num_experts * tokens * combine_msg)
+#: The refusal rows of ``LowLatencyLayout``'s host asserts (config.hpp:142, :150, :158) on each path that builds one
+#: (the low-latency calls, the size hint).
+LAYOUT_ROWS = {call: (f"v1_ll_{call}_layout_142", f"v1_ll_{call}_layout_150", f"v1_ll_{call}_layout_158")
+               for call in ("dispatch", "combine", "clean", "next_buffer", "size_hint")}
 
 
 def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """``LowLatencyLayout::total_bytes`` (csrc/legacy/config.hpp:131-166): two send, two receive and two
-    signalling buffers."""
+    signalling buffers (``_ll_buffer.layout``)."""
     del num_ranks  # the layout does not depend on it
-    num_scales = hidden // 128
-    dispatch_msg = 16 + max(hidden * 2, hidden + num_scales * 4)
-    combine_msg = num_scales * 4 + hidden * 2
-    send = layout_send_bytes(num_max_dispatch_tokens_per_rank, hidden, num_experts)
-    recv = max(num_experts * num_max_dispatch_tokens_per_rank * dispatch_msg,
-               num_experts * num_max_dispatch_tokens_per_rank * combine_msg)
-    signalling = -(-num_experts * 4 // 128) * 128
-    return send * 2 + recv * 2 + signalling * 2
+    return layout(num_max_dispatch_tokens_per_rank, hidden, num_experts).total_bytes
 
 
 def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """``get_low_latency_rdma_size_hint`` (config.hpp:185-188): the total, rounded up past the next 128."""
+    layout(num_max_dispatch_tokens_per_rank, hidden, num_experts, LAYOUT_ROWS["size_hint"])  # config.hpp:186
     total = layout_total_bytes(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
     return (total + ALIGNMENT) // ALIGNMENT * ALIGNMENT
 
@@ -142,12 +133,20 @@ def logfmt_roundtrip(x: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------ the Buffer side
 class LowLatencyMixin:
     """``Buffer.low_latency_dispatch`` / ``low_latency_combine`` / ``get_next_low_latency_combine_buffer`` /
-    ``clean_low_latency_buffer`` (deep_ep/buffers/legacy.py:538-712, csrc/legacy/buffer.hpp:1431-1725).
+    ``clean_low_latency_buffer`` and the shrink-mode mask calls (deep_ep/buffers/legacy.py:538-712,
+    csrc/legacy/buffer.hpp:1431-1748, csrc/kernels/legacy/internode_ll.cu).
 
     The receive layout is the library's: per local expert ``num_ranks * num_max_dispatch_tokens_per_rank`` rows,
     the rows of source rank ``s`` at ``[begin, begin + count)`` with ``layout_range[e, s] = begin << 32 | count``,
     ``recv_count[e]`` valid rows in all.  The emulation packs source ranks in ascending order and each rank's
     tokens in ascending order (the real order is arrival order; see DIVERGENCES.md).
+
+    The signalling is the library's too (``_ll_buffer``): a dispatch receiver takes a source's block when the
+    source's count word arrives in the signalling buffer of this call's index, a combine receiver takes an
+    expert's rows when its flag arrives; each call zeroes the other index's words.  A word already non-zero when
+    the call starts (a dirty buffer: ``clean_low_latency_buffer`` exists for it) is read as if it had arrived.
+    With a mask buffer (``enable_shrink``) a rank neither sends to nor waits for the ranks it masked; a wait
+    whose sender masked this rank times out and masks the sender.
     """
 
     group: Any
@@ -157,17 +156,15 @@ class LowLatencyMixin:
     low_latency_mode: bool
     num_rdma_bytes: int
     num_qps_per_rank: int
+    enable_shrink: bool
 
-    def _ll_state(self) -> dict[str, Any]:
-        state = self.__dict__.setdefault("_ll", {"index": 0, "send": {}})
+    def _ll(self) -> LowLatencyBuffer:
+        """This buffer's RDMA memory, double-buffer index and mask buffer."""
+        state = self.__dict__.get("_ll_buffer")
+        if state is None:
+            state = LowLatencyBuffer(self.num_rdma_bytes, self.group_size, self.enable_shrink, _device())
+            self.__dict__["_ll_buffer"] = state
         return state
-
-    def _ll_next_index(self) -> int:
-        """The double-buffer index this call uses (``low_latency_buffer_idx``, then flipped)."""
-        state = self._ll_state()
-        index = state["index"]
-        state["index"] ^= 1
-        return index
 
     def _ll_qp_depth_check(self, num_max_dispatch_tokens_per_rank: int, row_not_ll: str, row_qp: str) -> None:
         """``assert self.nvshmem_qp_depth >= (num_max_dispatch_tokens_per_rank + 1) * 2`` (legacy.py:609 / :665):
@@ -200,7 +197,7 @@ class LowLatencyMixin:
             check(cost.dtype == torch.int64, "v1_ll_dispatch_1492")
             check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_dispatch_1493")
             check(cost.shape[0] == num_ranks, "v1_ll_dispatch_1494")
-        check(layout_send_bytes(t_max, x.shape[1], num_experts) % 16 == 0, "v1_ll_dispatch_layout_150")  # :1502
+        layout(t_max, x.shape[1], num_experts, LAYOUT_ROWS["dispatch"])  # :1502, config.hpp:142/150/158
         check(layout_total_bytes(t_max, x.shape[1], num_ranks, num_experts) <= self.num_rdma_bytes,
               "v1_ll_dispatch_1503")
         return None
@@ -235,15 +232,52 @@ class LowLatencyMixin:
             check(cost.dtype == torch.int64, "v1_ll_combine_1632")
             check(cost.dim() == 1 and cost.is_contiguous(), "v1_ll_combine_1633")
             check(cost.shape[0] == num_ranks, "v1_ll_combine_1634")
-        check(layout_send_bytes(t_max, x.shape[2], num_experts) % 16 == 0, "v1_ll_combine_layout_150")  # :1642
+        layout(t_max, x.shape[2], num_experts, LAYOUT_ROWS["combine"])  # :1642, config.hpp:142/150/158
         check(layout_total_bytes(t_max, x.shape[2], num_ranks, num_experts) <= self.num_rdma_bytes,
               "v1_ll_combine_1643")
         return None
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Zero the low-latency buffers: nothing to do in the emulation (no buffer memory), checks only."""
-        if not self.low_latency_mode:
-            raise RuntimeError("Assertion exception (csrc/legacy/buffer.hpp:1432): low_latency_mode")
+        """Zero both signalling buffers of the layout of (tokens, hidden, experts), between two barriers
+        (csrc/legacy/buffer.hpp:1431-1455, internode_ll.cu:71-99); nothing else of the buffer changes, not the
+        double-buffer index either.  In shrink mode the barriers skip masked ranks and mask a rank that never
+        answers."""
+        check(self.runtime is not None, "v1_ll_clean_after_destroy")
+        check(self.low_latency_mode, "v1_ll_clean_1432")
+        lay = layout(num_max_dispatch_tokens_per_rank, hidden, num_experts, LAYOUT_ROWS["clean"])  # buffer.hpp:1434
+        check(fits(lay, 0, self.num_rdma_bytes) and fits(lay, 1, self.num_rdma_bytes), "v1_ll_clean_1440")
+        state = self._ll()
+        barrier(self.group, state, state.device)
+        for index in (0, 1):
+            state.words(lay, index).zero_()
+        barrier(self.group, state, state.device)
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Mask (``mask=True``) or unmask a rank in this rank's mask buffer (csrc/legacy/buffer.hpp:1731-1735)."""
+        check(self.runtime is not None, "v1_ll_update_mask_after_destroy")
+        state = self._ll()
+        check(state.mask is not None, "v1_ll_update_mask_1732")
+        check(0 <= rank_to_mask < self.group_size, "v1_ll_update_mask_1733")
+        assert state.mask is not None
+        state.mask[rank_to_mask] = 1 if mask else 0
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Write this rank's mask (1 = masked) into ``mask_status`` (csrc/legacy/buffer.hpp:1737-1743: the kernel
+        writes ``num_ranks`` ints from its data pointer on)."""
+        check(self.runtime is not None, "v1_ll_query_mask_after_destroy")
+        state = self._ll()
+        check(state.mask is not None, "v1_ll_query_mask_1738")
+        check(mask_status.numel() == self.group_size and mask_status.dtype == torch.int32, "v1_ll_query_mask_1739")
+        assert state.mask is not None
+        mask_status.as_strided((self.group_size,), (1,)).copy_(state.mask)
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        """Unmask every rank (csrc/legacy/buffer.hpp:1745-1748)."""
+        check(self.runtime is not None, "v1_ll_clean_mask_after_destroy")
+        state = self._ll()
+        check(state.mask is not None, "v1_ll_clean_mask_1746")
+        assert state.mask is not None
+        state.mask.zero_()
 
     def low_latency_dispatch(
         self,
@@ -270,12 +304,14 @@ class LowLatencyMixin:
         check(self.runtime is not None, "v1_ll_dispatch_after_destroy")
         num_ranks, me = self.group_size, self.rank
         t_max = num_max_dispatch_tokens_per_rank
-        stats = cumulative_local_expert_recv_stats
-        error = self._ll_dispatch_arguments(x, topk_idx, t_max, num_experts, stats, dispatch_wait_recv_cost_stats)
+        stats, cost = cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats
+        error = self._ll_dispatch_arguments(x, topk_idx, t_max, num_experts, stats, cost)
         hidden = x.shape[1]
         num_local = num_experts // num_ranks
+        state = self._ll()
+        index = state.index
         if error is None:
-            self._ll_next_index()  # buffer.hpp:1505 flips the double-buffer index before the checks below
+            index = state.flip()  # buffer.hpp:1504-1505: this call's buffer; the index flips before the checks below
             check(not (async_finish and return_recv_hook), "v1_ll_dispatch_1511")
             check((num_ranks * t_max) % 4 == 0, "v1_ll_dispatch_1526")
             if use_fp8:
@@ -285,51 +321,86 @@ class LowLatencyMixin:
             _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
                            "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
             error = _qp_error(self.num_qps_per_rank, num_local)
-        counts = _comm.preflight(self.group, x.device, x.shape[0], error, "Buffer.low_latency_dispatch")
+        counts, masks = preflight_masks(self.group, state, x.device, x.shape[0], error, "Buffer.low_latency_dispatch")
+        lay = layout(t_max, hidden, num_experts)
+        sent = [not row[me] for row in masks]  # did source s send to me
 
-        # the send phase: the cast at the source, one message per (token, slot) with an expert
+        # the send phase: the cast at the source, one message per (token, slot) with an expert, then per (expert,
+        # destination) the count word -count - 1 (into this call's signalling buffer; the other one is zeroed)
         payload, scales = fp8_cast(x, round_scale) if use_fp8 else (x, None)
         fields = {"x": payload, "scales": scales, "topk_idx": topk_idx}
         received = {name: _comm.all_gather_rows(self.group, t, counts) for name, t in fields.items() if t is not None}
-        rows_per_expert = num_ranks * t_max
+        orders = [[_slot_order(received["topk_idx"][s], me * num_local + e) for s in range(num_ranks)]
+                  for e in range(num_local)]
+        sizes = torch.tensor([[len(o) for o in row] for row in orders], dtype=torch.int64).reshape(num_local, num_ranks)
+        words = state.words(lay, index).view(num_local, num_ranks)
+        state.words(lay, index ^ 1).zero_()
+        before = words.to(torch.int64).clone()
+        words.copy_(_wrap32(before - (sizes + 1) * torch.tensor(sent, dtype=torch.int64)))
+
         device = x.device
-        recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload.dtype, device=device)
+        rows_per_expert = num_ranks * t_max
         num_scales = hidden // CHANNELS_PER_SCALE
-        recv_scales = torch.zeros((num_local, rows_per_expert, num_scales), dtype=torch.float32, device=device)
-        src_info = torch.zeros((num_local, rows_per_expert), dtype=torch.int32, device=device)
-        layout_range = torch.zeros((num_local, num_ranks), dtype=torch.int64, device=device)
-        recv_count = torch.zeros(num_local, dtype=torch.int32, device=device)
-        for e in range(num_local):
-            expert = me * num_local + e
-            begin = 0
-            for s in range(num_ranks):
-                tokens = torch.nonzero((received["topk_idx"][s] == expert).any(dim=1)).flatten()
-                hits = int((received["topk_idx"][s][tokens] == expert).sum())  # one message per matching slot
-                order = torch.repeat_interleave(tokens, (received["topk_idx"][s][tokens] == expert).sum(dim=1))
-                recv_x[e, begin:begin + hits] = received["x"][s][order]
-                if scales is not None:
-                    recv_scales[e, begin:begin + hits] = received["scales"][s][order]
-                src_info[e, begin:begin + hits] = order.to(torch.int32)
-                layout_range[e, s] = (begin << 32) | hits
-                begin += hits
-            recv_count[e] = begin
-        if use_fp8 and use_ue8m0:
-            packed_scales = column_major(pack_ue8m0(ue8m0_bytes(recv_scales)))
-        elif use_fp8:
-            packed_scales = column_major(recv_scales)
+        shapes = [((num_local, rows_per_expert, hidden), payload.dtype),
+                  ((num_local, rows_per_expert, num_scales // UE8M0_PER_PACK if use_ue8m0 else num_scales),
+                   torch.int32 if use_ue8m0 else torch.float32),
+                  ((num_local,), torch.int32), ((num_local, rows_per_expert), torch.int32),
+                  ((num_local, num_ranks), torch.int64)]
+        outputs = [torch.full(shape, _POISON[dtype], dtype=dtype, device=device) for shape, dtype in shapes]
+        if use_fp8:
+            outputs[1] = column_major(outputs[1])
         else:
-            packed_scales = None
-        handle = (src_info, layout_range, t_max, hidden, num_experts)
-        delivered = [recv_x, packed_scales, recv_count, src_info, layout_range]
-        outputs = [torch.full_like(t, _POISON[t.dtype]) if t is not None else None for t in delivered]
+            outputs[1] = None
 
         def receive() -> None:
-            """The receive phase: the rows, the scales, the counts and the statistics land."""
-            for out, value in zip(outputs, delivered, strict=True):
+            """The receive phase: per (local expert, source) the block the count word announces, the statistics."""
+            masked = state.masked()  # read by every receiving warp group before any of them times out
+            recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload.dtype, device=device)
+            recv_scales = torch.zeros((num_local, rows_per_expert, num_scales), dtype=torch.float32, device=device)
+            src_info = torch.zeros((num_local, rows_per_expert), dtype=torch.int32, device=device)
+            layout_range = torch.zeros((num_local, num_ranks), dtype=torch.int64, device=device)
+            recv_count = torch.zeros(num_local, dtype=torch.int32, device=device)
+            timed_out: set[int] = set()
+            for e in range(num_local):
+                begin = 0
+                for s in range(num_ranks):
+                    wait, rows = 0, None
+                    if masked[s]:
+                        count = 0
+                    elif int(before[e, s]) != 0:  # a stale word: taken as the count without waiting
+                        count = _ll_buffer.int32(-int(before[e, s]) - 1)
+                    elif sent[s]:
+                        count, wait, rows = len(orders[e][s]), _ll_buffer.NOMINAL_WAIT_CYCLES, orders[e][s]
+                    else:  # the source masked me: nothing comes
+                        count, wait = 0, _ll_buffer.TIMEOUT_CYCLES + 1
+                        timed_out.add(s)
+                    lo, hi = max(begin, 0), min(begin + count, rows_per_expert)  # rows inside the tensor only
+                    if hi > lo and rows is None:  # the stale rows a dirty count points at
+                        recv_x[e, lo:hi] = torch.full((), _POISON[payload.dtype], dtype=payload.dtype)
+                        recv_scales[e, lo:hi] = float("nan")
+                        src_info[e, lo:hi] = -1
+                    elif hi > lo:
+                        order = rows[lo - begin:hi - begin]
+                        recv_x[e, lo:hi] = received["x"][s][order]
+                        if scales is not None:
+                            recv_scales[e, lo:hi] = received["scales"][s][order]
+                        src_info[e, lo:hi] = order.to(torch.int32)
+                    layout_range[e, s] = (begin << 32) | (count & 0xFFFFFFFF)
+                    begin = _ll_buffer.int32(begin + count)
+                    if stats is not None:
+                        stats[e] = _ll_buffer.int32(int(stats[e]) + count)
+                    if cost is not None:
+                        cost[s] += wait
+                recv_count[e] = begin
+            for s in sorted(timed_out):
+                state.time_out(s)
+            if use_fp8 and use_ue8m0:
+                packed_scales = column_major(pack_ue8m0(ue8m0_bytes(recv_scales)))
+            else:
+                packed_scales = column_major(recv_scales) if use_fp8 else None
+            for out, value in zip(outputs, [recv_x, packed_scales, recv_count, src_info, layout_range], strict=True):
                 if out is not None:
                     out.copy_(value)
-            if stats is not None:
-                stats.add_(recv_count.to(stats.dtype))
 
         hook = receive if return_recv_hook else None
         if not return_recv_hook:
@@ -354,20 +425,22 @@ class LowLatencyMixin:
     ) -> tuple[torch.Tensor, EventOverlap, Callable[[], None] | None]:
         """Send every expert row back to its token's rank; each token sums ``weight * row`` over its top-k slots
         in slot order, in float32, rounded once to bf16 (rows decoded from LogFMT-10 with ``use_logfmt``; rows
-        read from :meth:`get_next_low_latency_combine_buffer` with ``zero_copy``)."""
+        read from :meth:`get_next_low_latency_combine_buffer` with ``zero_copy``), into ``out`` when given (left
+        as it is until the receive phase).  Slots of experts on masked ranks are skipped."""
         check(not _checks.deterministic_fill_enabled(), "v1_ll_combine_deterministic")  # legacy.py:662
         src_info, layout_range, t_max, hidden, num_experts = handle  # legacy.py:664 (Python's own unpacking error)
         self._ll_qp_depth_check(t_max, "v1_ll_combine_not_ll_buffer", "v1_ll_combine_qp_depth")
         check(self.runtime is not None, "v1_ll_combine_after_destroy")
         num_ranks = self.group_size
         num_local = num_experts // num_ranks
-        error = self._ll_combine_arguments(x, topk_idx, topk_weights, src_info, layout_range, t_max, num_experts,
-                                           combine_wait_recv_cost_stats)
+        cost = combine_wait_recv_cost_stats
+        error = self._ll_combine_arguments(x, topk_idx, topk_weights, src_info, layout_range, t_max, num_experts, cost)
         hidden = x.shape[2]
         num_tokens, num_topk = topk_weights.shape
-        index = 0
+        state = self._ll()
+        index = state.index
         if error is None:
-            index = self._ll_next_index()  # buffer.hpp:1645 flips the double-buffer index before the checks below
+            index = state.flip()  # buffer.hpp:1644-1645: this call's buffer; the index flips before the checks below
             check(not (async_finish and return_recv_hook), "v1_ll_combine_1651")
             if out is not None:
                 check(out.dim() == 2 and out.is_contiguous(), "v1_ll_combine_1658")
@@ -376,24 +449,22 @@ class LowLatencyMixin:
             _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
                            "v1_ll_combine_unsupported_hidden",
                            between=((not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182"),))
-        _comm.preflight(self.group, x.device, num_tokens, error, "Buffer.low_latency_combine")
-        source = x
-        if zero_copy:
-            key = (t_max, hidden, num_experts)
-            source = self._ll_state()["send"].get((index, key))
-            if source is None:
-                raise RuntimeError("deep_ep emulation: zero_copy=True without get_next_low_latency_combine_buffer "
-                                   "(the real kernel would read uninitialised buffer memory)")
-
-        # every valid row goes back to its source rank, with its source token and global expert
-        device = x.device
+        _, masks = preflight_masks(self.group, state, x.device, num_tokens, error, "Buffer.low_latency_combine")
+        lay = layout(t_max, hidden, num_experts)
         me = self.rank
+        source = state.staging(lay, index, num_local, num_ranks * t_max, hidden) if zero_copy else x
+
+        # the send phase: every valid row of a block goes back to its source rank (unless this rank masked it),
+        # then per (expert, destination) a flag into this call's signalling buffer (the other one is zeroed)
+        device = x.device
         rows, tokens, experts, dst = [], [], [], []
         for e in range(num_local):
             for s in range(num_ranks):
                 packed = int(layout_range[e, s])
-                begin, count = packed >> 32, packed & 0xFFFFFFFF
-                if count:
+                begin, count = packed >> 32, _ll_buffer.int32(packed)  # unpack2: (int count, int offset)
+                end = min(begin + count, num_ranks * t_max)
+                begin, count = max(begin, 0), end - max(begin, 0)  # a garbage layout: rows of the tensor only
+                if count > 0 and not masks[me][s]:
                     rows.append(source[e, begin:begin + count])
                     tokens.append(src_info[e, begin:begin + count].to(torch.int64))
                     experts.append(torch.full((count,), me * num_local + e, dtype=torch.int64, device=device))
@@ -406,22 +477,38 @@ class LowLatencyMixin:
             "expert": torch.cat(experts) if experts else empty})
         got_x = torch.cat([p["x"] for p in parts])
         key = torch.cat([p["token"] for p in parts]) * max(num_experts, 1) + torch.cat([p["expert"] for p in parts])
-        acc = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=device)
-        for k in range(num_topk):  # slot order, as the kernel's accumulation
-            want = torch.arange(num_tokens, device=device) * max(num_experts, 1) + topk_idx[:, k]
-            sorted_key, order = torch.sort(key)
-            pos = torch.searchsorted(sorted_key, want).clamp_max(max(sorted_key.numel() - 1, 0))
-            found = (topk_idx[:, k] >= 0) & (sorted_key.numel() > 0)
-            if sorted_key.numel():
-                found &= sorted_key[pos] == want
-            if bool(found.any()):
-                acc[found] += got_x[order[pos[found]]] * topk_weights[found, k].unsqueeze(1)
-        result = acc.to(torch.bfloat16)
-        combined = out if out is not None else torch.empty((num_tokens, hidden), dtype=torch.bfloat16, device=device)
-        combined.fill_(_POISON[torch.bfloat16])
+        flags = state.words(lay, index)
+        state.words(lay, index ^ 1).zero_()
+        before = flags.to(torch.int64).clone()
+        owners = torch.arange(num_experts, dtype=torch.int64) // max(num_local, 1)
+        arrived = torch.tensor([not masks[o][me] for o in owners.tolist()], dtype=torch.bool)
+        flags.copy_(_wrap32(before + arrived.to(torch.int64)))
+        combined = out if out is not None else \
+            torch.full((num_tokens, hidden), _POISON[torch.bfloat16], dtype=torch.bfloat16, device=device)
 
         def receive() -> None:
-            combined.copy_(result)
+            """The receive phase: wait for every expert's flag, then per token add up its slots in slot order."""
+            masked = state.masked()
+            stale = torch.zeros(num_experts, dtype=torch.bool)
+            timed_out: set[int] = set()
+            for expert, owner in enumerate(owners.tolist()):
+                wait = 0
+                if masked[owner]:
+                    pass
+                elif int(before[expert]) != 0:  # a stale flag: the rows are read before (if ever) they arrive
+                    stale[expert] = True
+                elif bool(arrived[expert]):
+                    wait = _ll_buffer.NOMINAL_WAIT_CYCLES
+                else:
+                    wait = _ll_buffer.TIMEOUT_CYCLES + 1
+                    timed_out.add(owner)
+                if cost is not None:
+                    cost[owner] += wait
+            for owner in sorted(timed_out):
+                state.time_out(owner)
+            skip = torch.tensor(state.masked() + [False], dtype=torch.bool)  # [num_ranks]: an owner out of range
+            combined.copy_(_reduce(got_x, key, topk_idx, topk_weights, hidden, num_experts, num_local, skip,
+                                   stale.to(device)).to(torch.bfloat16))
 
         hook = receive if return_recv_hook else None
         if not return_recv_hook:
@@ -429,17 +516,55 @@ class LowLatencyMixin:
         return combined, EventOverlap(EventHandle(device) if async_finish else None), hook
 
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
-        """The bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]`` buffer the next
-        ``low_latency_combine(..., zero_copy=True)`` reads (one per double-buffer index)."""
+        """The bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]`` rows of the send
+        buffer the next ``low_latency_combine(..., zero_copy=True)`` sends (a strided view of the RDMA buffer,
+        one combine message per row, csrc/legacy/buffer.hpp:1716-1727)."""
         _, _, t_max, hidden, num_experts = handle  # type: ignore[misc]  # legacy.py:712
-        check(self.runtime is not None, "v1_ll_next_buffer_after_destroy")
-        key = (t_max, hidden, num_experts)
-        index = self._ll_state()["index"]
-        send = self._ll_state()["send"]
-        if (index, key) not in send:
-            send[(index, key)] = torch.zeros((num_experts // self.group_size, self.group_size * t_max, hidden),
-                                             dtype=torch.bfloat16, device=_device())
-        return send[(index, key)]
+        check(self.runtime is not None, "v1_ll_next_buffer_after_destroy")  # legacy.py:713
+        lay = layout(t_max, hidden, num_experts, LAYOUT_ROWS["next_buffer"])  # buffer.hpp:1718
+        state = self._ll()
+        return state.staging(lay, state.index, num_experts // self.group_size, self.group_size * t_max, hidden)
+
+
+def _slot_order(topk_idx: torch.Tensor, expert: int) -> torch.Tensor:
+    """A source's messages to ``expert``: one per top-k slot naming it, as source token indices (ascending)."""
+    hits = (topk_idx == expert).sum(dim=1)
+    return torch.repeat_interleave(torch.arange(topk_idx.shape[0], device=topk_idx.device), hits)
+
+
+def _wrap32(values: torch.Tensor) -> torch.Tensor:
+    """int64 values as the int32 words they become (two's complement wrap)."""
+    return ((values + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+def _reduce(got_x: torch.Tensor, key: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, hidden: int,
+            num_experts: int, num_local: int, skip: torch.Tensor, stale: torch.Tensor) -> torch.Tensor:
+    """float32 ``sum over slots k of weight[t, k] * row(t, topk_idx[t, k])`` in slot order (the kernel's
+    accumulation); slots with ``-1`` or an expert of a ``skip`` (masked) rank are left out; a row that did not
+    arrive (a ``stale`` expert's, or one its owner never sent) is the stale buffer memory the kernel reads: NaN."""
+    num_tokens, num_topk = topk_idx.shape
+    device = topk_idx.device
+    acc = torch.zeros((num_tokens, hidden), dtype=torch.float32, device=device)
+    sorted_key, order = torch.sort(key)
+    stride = max(num_experts, 1)
+    for k in range(num_topk):
+        idx = topk_idx[:, k]
+        owner = torch.where(idx >= 0, idx // max(num_local, 1), skip.numel() - 1).clamp(0, skip.numel() - 1)
+        take = (idx >= 0) & ~skip.to(device)[owner]
+        if not bool(take.any()):
+            continue
+        want = torch.arange(num_tokens, device=device) * stride + idx
+        pos = torch.searchsorted(sorted_key, want).clamp_max(max(sorted_key.numel() - 1, 0))
+        found = take & (sorted_key.numel() > 0)
+        if sorted_key.numel():
+            found &= sorted_key[pos] == want
+        if num_experts:
+            found &= ~stale[idx.clamp(0, num_experts - 1)]
+        rows = torch.full((num_tokens, hidden), float("nan"), dtype=torch.float32, device=device)
+        if bool(found.any()):
+            rows[found] = got_x[order[pos[found]]]
+        acc[take] += rows[take] * topk_weights[take, k].unsqueeze(1)
+    return acc
 
 
 #: What an output holds before its receive phase ran (the real tensors are uninitialised): NaN bytes for floats,

@@ -167,7 +167,8 @@ class Buffer(LowLatencyMixin):
     """Pure-PyTorch model of ``deep_ep.Buffer`` running over any ``torch.distributed`` process group.
 
     Arguments mirror the real constructor.  Buffer sizes are checked like the real library does (the real
-    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas) but nothing is allocated.  The low-latency calls
+    ``num_nvl_bytes`` / ``num_rdma_bytes`` formulas); buffer memory is allocated only when a call needs it (the
+    low-latency calls, ``get_local_buffer_tensor``).  The low-latency calls and the shrink-mode mask calls
     come from ``LowLatencyMixin`` (``_low_latency.py``).  Every refusal shared with the library is raised from the
     refusal table (``refusals.toml``).
     """
@@ -294,8 +295,37 @@ class Buffer(LowLatencyMixin):
 
     def get_local_buffer_tensor(self, dtype: torch.dtype, size: torch.Size | None = None, offset: int = 0,
                                 use_rdma_buffer: bool = False) -> torch.Tensor:
-        """Not emulated: there is no raw communication buffer (the library's signature, legacy.py:201-205)."""
-        raise NotImplementedError("deep_ep emulation: raw buffer tensors are not emulated")
+        """The raw NVLink buffer (or, with ``use_rdma_buffer``, the RDMA buffer) as ``dtype`` from byte ``offset`` on,
+        ``num_bytes // element size`` elements (deep_ep/buffers/legacy.py:201-220, csrc/legacy/buffer.hpp:215-221),
+        or its first ``size.numel()`` elements viewed as ``size``.
+
+        The RDMA buffer holds what the emulated low-latency kernels keep there (the signalling words, the zero-copy
+        combine rows; ``_ll_buffer``); the NVLink buffer only what the caller writes (normal-mode kernels do not
+        use buffer memory in the emulation).  The real tensor runs ``offset`` bytes past the buffer's end when
+        ``offset > 0``: the emulation refuses a view that needs bytes beyond the buffer or a misaligned offset.
+        """
+        check(self.runtime is not None, "v1_local_buffer_after_destroy")
+        element = dtype.itemsize
+        num_bytes = self.num_rdma_bytes if use_rdma_buffer else self.num_nvl_bytes
+        numel = num_bytes // element
+        if size is not None:
+            check(numel >= size.numel(), "v1_local_buffer_size")
+        length = numel if size is None else size.numel()
+        shape = (length,) if size is None else size
+        if length == 0:
+            return torch.empty(shape, dtype=dtype, device=self._ll().device)
+        end = offset + length * element
+        if offset < 0 or end > num_bytes or offset % element:
+            which = "RDMA" if use_rdma_buffer else "NVLink"
+            raise RuntimeError(f"deep_ep emulation: {length} x {dtype} from byte {offset} of the {which} buffer "
+                               f"({num_bytes} bytes): beyond its end or misaligned (the real one points there anyway)")
+        if use_rdma_buffer:
+            raw = self._ll().bytes
+        else:
+            raw = self.__dict__.get("_nvl_bytes")
+            if raw is None:
+                raw = self.__dict__["_nvl_bytes"] = torch.zeros(num_bytes, dtype=torch.uint8, device=self._ll().device)
+        return raw[offset:end].view(dtype).view(shape)
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:

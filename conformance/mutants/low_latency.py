@@ -1,14 +1,16 @@
-"""Mutants of the FP8 and low-latency paths (caught by P15-P18) and one benign receive order they allow."""
+"""Mutants of the FP8 and low-latency paths (caught by P15-P18, P23, P24) and the benign differences they allow (a
+receive order, other wait-cost values)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from conformance.emulation import _low_latency
+from conformance.emulation import _ll_buffer, _low_latency
+from conformance.emulation._ll_buffer import LowLatencyBuffer
 from conformance.emulation._low_latency import LowLatencyMixin
 from conformance.emulation.legacy import Buffer
 from conformance.mutants.patching import wrap_method
@@ -23,6 +25,20 @@ def _patch_function(name: str, replacement: Any) -> Iterator[None]:
         yield
     finally:
         setattr(_low_latency, name, original)
+
+
+def _after_receive(out: tuple, action: Callable[[], None]) -> tuple:
+    """What a low-latency call returned (its hook last), with ``action`` run after its receive phase: now, or when
+    the caller runs the hook."""
+    hook = out[-1]
+    if hook is None:
+        action()
+        return out
+
+    def late() -> None:
+        hook()
+        action()
+    return out[:-1] + (late,)
 
 
 @register("ll-wrong-scale-row", "harmful",
@@ -51,15 +67,10 @@ def ll_ue8m0_off_by_one() -> Iterator[None]:
 def ll_recv_count_off_by_one() -> Iterator[None]:
     def after(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        hook = out[4]
-        if hook is None:
-            out[1][0] += 1
-            return out
 
-        def late() -> None:
-            hook()
+        def bump() -> None:
             out[1][0] += 1
-        return out[:4] + (late,)
+        return _after_receive(out, bump)
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield
@@ -87,21 +98,209 @@ def ll_stats_not_accumulated() -> Iterator[None]:
         if stats is None:
             return original(self, *args, **kwargs)
         kwargs["cumulative_local_expert_recv_stats"] = scratch = torch.zeros_like(stats)
-        out = original(self, *args, **kwargs)
-
-        def land() -> None:
-            stats.copy_(scratch)
-        if out[4] is None:
-            land()
-            return out
-        hook = out[4]
-
-        def late() -> None:
-            hook()
-            land()
-        return out[:4] + (late,)
+        return _after_receive(original(self, *args, **kwargs), lambda: stats.copy_(scratch))
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+        yield
+
+
+@register("ll-out-ignored", "harmful",
+          "low_latency_combine(..., out=out) writes the result into a new tensor and returns that; out is untouched")
+def ll_out_ignored() -> Iterator[None]:
+    def after(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("out", None)
+        if len(args) > 8:
+            args = args[:8] + (None,) + args[9:]
+        return original(self, *args, **kwargs)
+
+    with wrap_method(LowLatencyMixin, "low_latency_combine", after):
+        yield
+
+
+@register("ll-out-written-before-hook", "harmful",
+          "low_latency_combine(..., out=out, return_recv_hook=True) clears out in the send phase, before the hook")
+def ll_out_written_before_hook() -> Iterator[None]:
+    def after(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        out = kwargs.get("out")
+        if out is not None and result[2] is not None:
+            out.zero_()
+        return result
+
+    with wrap_method(LowLatencyMixin, "low_latency_combine", after):
+        yield
+
+
+@contextlib.contextmanager
+def _wait_costs(charge: Any) -> Iterator[None]:
+    """The wait cost the kernels charge: ``charge(nominal)`` for a wait that found its data."""
+    original = _ll_buffer.NOMINAL_WAIT_CYCLES
+    _ll_buffer.NOMINAL_WAIT_CYCLES = charge(original)
+    try:
+        yield
+    finally:
+        _ll_buffer.NOMINAL_WAIT_CYCLES = original
+
+
+@register("ll-cost-stats-not-accumulated", "harmful",
+          "dispatch/combine_wait_recv_cost_stats overwritten with this call's wait cycles instead of added to")
+def ll_cost_stats_not_accumulated() -> Iterator[None]:
+    def after(original: Any, self: Any, *args: Any, name: str = "", **kwargs: Any) -> Any:
+        cost = kwargs.get(name)
+        if cost is None:
+            return original(self, *args, **kwargs)
+        kwargs[name] = scratch = torch.zeros_like(cost)
+        return _after_receive(original(self, *args, **kwargs), lambda: cost.copy_(scratch))
+
+    with contextlib.ExitStack() as stack:
+        for method, name in (("low_latency_dispatch", "dispatch_wait_recv_cost_stats"),
+                             ("low_latency_combine", "combine_wait_recv_cost_stats")):
+            stack.enter_context(wrap_method(LowLatencyMixin, method,
+                                            lambda original, self, *a, _n=name, **kw: after(original, self, *a,
+                                                                                            name=_n, **kw)))
+        yield
+
+
+@register("ll-wait-costs-doubled", "benign",
+          "every wait that found its data is charged twice the cycles (other timing: the values are not a contract)")
+def ll_wait_costs_doubled() -> Iterator[None]:
+    with _wait_costs(lambda nominal: 2 * nominal):
+        yield
+
+
+@register("ll-masked-rank-waited-for", "harmful",
+          "shrink mode: a receiver still waits for (and charges the wait cost of) the ranks it masked")
+def ll_masked_rank_waited_for() -> Iterator[None]:
+    def charged(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        state = self.__dict__.get("_ll_buffer")
+        masked = [] if state is None else [r for r, m in enumerate(state.masked()) if m]
+        for name in ("dispatch_wait_recv_cost_stats", "combine_wait_recv_cost_stats"):
+            if kwargs.get(name) is not None and masked:
+                cost = kwargs[name]
+                out = _after_receive(out, lambda cost=cost: cost.index_add_(
+                    0, torch.tensor(masked), torch.full((len(masked),), _ll_buffer.NOMINAL_WAIT_CYCLES,
+                                                        dtype=cost.dtype)))
+        return out
+
+    with contextlib.ExitStack() as stack:
+        for method in ("low_latency_dispatch", "low_latency_combine"):
+            stack.enter_context(wrap_method(LowLatencyMixin, method, charged))
+        yield
+
+
+@register("ll-masked-rank-still-receives", "harmful",
+          "shrink mode: dispatch ignores the mask buffer (masked ranks still send and receive tokens)")
+def ll_masked_rank_still_receives() -> Iterator[None]:
+    def unmasked(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        state = self._ll()
+        saved, state.mask = state.mask, None
+        try:
+            out = original(self, *args, **kwargs)
+        finally:
+            state.mask = saved
+        if out[-1] is None:
+            return out
+        hook = out[-1]
+
+        def late() -> None:
+            saved_late, state.mask = state.mask, None
+            try:
+                hook()
+            finally:
+                state.mask = saved_late
+        return out[:-1] + (late,)
+
+    with wrap_method(LowLatencyMixin, "low_latency_dispatch", unmasked):
+        yield
+
+
+@register("ll-masked-rank-still-contributes", "harmful",
+          "shrink mode: combine adds the slots of experts on masked ranks (the rows they never sent)")
+def ll_masked_rank_still_contributes() -> Iterator[None]:
+    def replacement(original: Any) -> Any:
+        def reduce(*args: Any) -> torch.Tensor:
+            args = list(args)
+            args[7] = torch.zeros_like(args[7])  # skip: no rank masked
+            return original(*args)
+        return reduce
+
+    with _patch_function("_reduce", replacement):
+        yield
+
+
+@register("ll-query-wrong-mask", "harmful",
+          "low_latency_query_mask_buffer writes the mask shifted by one rank (rank r reports rank r + 1's status)")
+def ll_query_wrong_mask() -> Iterator[None]:
+    def after(original: Any, self: Any, mask_status: torch.Tensor) -> None:
+        original(self, mask_status)
+        flat = mask_status.view(-1)
+        flat.copy_(flat.roll(-1))
+
+    with wrap_method(LowLatencyMixin, "low_latency_query_mask_buffer", after):
+        yield
+
+
+@register("ll-clean-does-not-clean", "harmful",
+          "clean_low_latency_buffer synchronises but zeroes nothing (stale signalling words stay)")
+def ll_clean_does_not_clean() -> Iterator[None]:
+    def words(original: Any, self: Any, *args: Any) -> torch.Tensor:
+        return original(self, *args).clone()  # zeroing a copy
+
+    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        with wrap_method(LowLatencyBuffer, "words", words):
+            return original(self, *args, **kwargs)
+
+    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+        yield
+
+
+@register("ll-clean-zeroes-everything", "harmful",
+          "clean_low_latency_buffer zeroes the whole RDMA buffer (staged zero-copy rows included)")
+def ll_clean_zeroes_everything() -> Iterator[None]:
+    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        original(self, *args, **kwargs)
+        self._ll().bytes.zero_()
+
+    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+        yield
+
+
+@register("ll-clean-flips-buffer-index", "harmful",
+          "clean_low_latency_buffer also flips the double-buffer index (the next call uses the other buffer)")
+def ll_clean_flips_buffer_index() -> Iterator[None]:
+    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        original(self, *args, **kwargs)
+        self._ll().flip()
+
+    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+        yield
+
+
+@register("ll-local-buffer-offset-in-elements", "harmful",
+          "get_local_buffer_tensor counts offset in elements of dtype instead of bytes (a view past the one asked for)")
+def ll_local_buffer_offset_in_elements() -> Iterator[None]:
+    def scaled(original: Any, self: Any, dtype: torch.dtype, size: Any = None, offset: int = 0,
+               use_rdma_buffer: bool = False) -> torch.Tensor:
+        return original(self, dtype, size, offset * dtype.itemsize, use_rdma_buffer)
+
+    with wrap_method(Buffer, "get_local_buffer_tensor", scaled):
+        yield
+
+
+@register("ll-async-event-missing", "harmful",
+          "low-latency dispatch and combine with async_finish=True return an EventOverlap without an event")
+def ll_async_event_missing() -> Iterator[None]:
+    def eventless(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if not kwargs.get("async_finish"):
+            return out
+        at = len(out) - 2  # (..., event, hook)
+        return out[:at] + (type(out[at])(None),) + out[at + 1:]
+
+    with contextlib.ExitStack() as stack:
+        for method in ("low_latency_dispatch", "low_latency_combine"):
+            stack.enter_context(wrap_method(LowLatencyMixin, method, eventless))
         yield
 
 
@@ -142,14 +341,7 @@ def ll_reverse_source_order() -> Iterator[None]:
                     layout_range[e, s] = (begin << 32) | blocks[s][1]
                     begin += blocks[s][1]
 
-        if hook is None:
-            reorder()
-            return out
-
-        def late() -> None:
-            hook()
-            reorder()
-        return recv_x, recv_count, handle, event, late
+        return _after_receive(out, reorder)
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
         yield

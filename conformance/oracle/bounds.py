@@ -65,3 +65,16 @@ def reduction_bound(result: torch.Tensor, expected: ExpectedSum, two_level: bool
     for _ in range(levels - 1):
         e = e + ((g + 2.0**-8) * (a + e) + n * 2.0**-134) / (1 - 2.0**-8)
     return half_ulp + e + g * (a + e) + oracle_error
+
+
+#: Half an ulp of bf16 (8 significant bits), relative; the smallest bf16 subnormal step; float32 unit roundoff.
+BF16_HALF_ULP = 2.0**-8
+BF16_TINY = 2.0**-133
+
+
+def ll_combine_bound(exact: torch.Tensor, magnitude: torch.Tensor, num_topk: int) -> torch.Tensor:
+    """How far a low-latency combine of ``num_topk`` slots may be from its float64 ``exact`` sum (``magnitude``:
+    the sum of the terms' magnitudes): one float32 accumulation (``2 k u`` relative to ``magnitude``) and one bf16
+    rounding (half an ulp of the result, at least the smallest subnormal step)."""
+    accumulation = 2 * num_topk * U32 * magnitude
+    return BF16_HALF_ULP * exact.abs() + accumulation * (1 + BF16_HALF_ULP) + BF16_TINY

@@ -1,5 +1,6 @@
-"""The oracle of the FP8 paths: the per-128-channel E4M3 cast of the low-latency dispatch, computed from its
-definition with float64 arithmetic and an explicit E4M3 code table, and the rows every local expert receives.
+"""The oracle of the FP8 and low-latency paths: the per-128-channel E4M3 cast of the low-latency dispatch, computed
+from its definition with float64 arithmetic and an explicit E4M3 code table, the rows every local expert receives
+(with masked ranks in shrink mode), the identity-expert combine, and where the signalling buffers lie.
 
 Definition (DeepEP 2.1.0 ``internode_ll.cu`` send phase, ``utils.cuh:calculate_fp8_scales``): per token and 128
 channels ``amax = max(1e-4, max |x|)``; ``scale_inv = fl32(amax * fl32(1/448))`` and ``scale = fl32(448 / amax)``,
@@ -10,6 +11,7 @@ keeps the 8 exponent bits of ``scale_inv``.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from functools import cache
 
 import torch
@@ -71,9 +73,11 @@ def ue8m0(scale_inv: torch.Tensor) -> torch.Tensor:
     return (exponent.to(torch.int64) - 1 + 127).reshape(scale_inv.shape)
 
 
-def expert_rows(example: Example, inputs: list[RankInputs], rank: int) -> dict[int, dict[int, list[int]]]:
+def expert_rows(example: Example, inputs: list[RankInputs], rank: int,
+                masked: Collection[int] = ()) -> dict[int, dict[int, list[int]]]:
     """``{local expert: {source rank: [source token, ...]}}``: one entry per top-k slot of a source token that
-    names the expert (ascending token order; the receive order is not part of the contract)."""
+    names the expert (ascending token order; the receive order is not part of the contract).  A source in
+    ``masked`` (shrink mode: a rank this rank masked) sends nothing."""
     per_rank = example.experts_per_rank
     out: dict[int, dict[int, list[int]]] = {}
     for e in range(per_rank):
@@ -83,15 +87,27 @@ def expert_rows(example: Example, inputs: list[RankInputs], rank: int) -> dict[i
             tokens = []
             for t, row in enumerate(inp.topk_idx.tolist()):
                 tokens.extend([t] * sum(1 for v in row if v == expert))
-            out[e][s] = tokens
+            out[e][s] = [] if s in masked else tokens
     return out
 
 
-def weighted_identity_combine(inputs: list[RankInputs], rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def weighted_identity_combine(inputs: list[RankInputs], rank: int, masked: Collection[int] = (),
+                              experts_per_rank: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """``(exact, magnitude)`` float64 of a low-latency combine of identity experts: token ``t`` of ``rank`` gets
-    ``x[t] * sum of its weights over slots with an expert``; ``magnitude`` is ``|x[t]| * sum |w|`` (for bounds)."""
+    ``x[t] * sum of its weights over slots with an expert``; ``magnitude`` is ``|x[t]| * sum |w|`` (for bounds).
+    Slots whose expert lives on a rank in ``masked`` (``expert // experts_per_rank``) contribute nothing."""
     inp = inputs[rank]
-    valid = (inp.topk_idx >= 0).to(torch.float64)
+    owner = torch.div(inp.topk_idx, experts_per_rank, rounding_mode="floor")
+    dropped = torch.isin(owner, torch.tensor(sorted(masked), dtype=owner.dtype))
+    valid = ((inp.topk_idx >= 0) & ~dropped).to(torch.float64)
     weight = (inp.topk_weights.to(torch.float64) * valid).sum(dim=1, keepdim=True)
     x = inp.x.to(torch.float64)
     return x * weight, x.abs() * (inp.topk_weights.to(torch.float64).abs() * valid).sum(dim=1, keepdim=True)
+
+
+def signal_regions(num_experts: int) -> list[tuple[int, int]]:
+    """The byte ranges of the RDMA buffer ``clean_low_latency_buffer(..., num_experts)`` zeroes: the two signalling
+    buffers of ``LowLatencyLayout`` (DeepEP 2.1.0 ``csrc/legacy/config.hpp:161-178``), one int32 per expert each,
+    at offset 0 and at ``4 * num_experts`` rounded up to 128 bytes."""
+    stride = -(-4 * num_experts // 128) * 128
+    return [(0, 4 * num_experts), (stride, stride + 4 * num_experts)]

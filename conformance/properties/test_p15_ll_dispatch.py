@@ -6,6 +6,7 @@ from a one-ulp float32 ``448 / amax``), ``use_ue8m0`` scales packed four exponen
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -23,12 +24,14 @@ def _fail(what: str, got: Any, expected: Any, call: str) -> AssertionError:
     return AssertionError(f"{what} is {got}, expected {expected} [{call}]")
 
 
-def check_dispatch(run: dict[str, Any], example: Example, inputs: list, rank: int) -> None:
-    """One low-latency dispatch of one rank against the oracle (see the module docstring)."""
+def check_dispatch(run: dict[str, Any], example: Example, inputs: list, rank: int,
+                   masked: Collection[int] = ()) -> None:
+    """One low-latency dispatch of one rank against the oracle (see the module docstring); the sources in
+    ``masked`` (shrink mode: ranks this rank masked) send nothing."""
     __tracebackhide__ = True
     use_fp8, round_scale, use_ue8m0, _ = run["options"]
     call = run["call"]
-    expected = expert_rows(example, inputs, rank)
+    expected = expert_rows(example, inputs, rank, masked)
     num_local, rows_per_expert = example.experts_per_rank, example.world_size * example.num_max_tokens_per_rank
     dtype = "torch.float8_e4m3fn" if use_fp8 else "torch.bfloat16"
     if tuple(run["x"].shape) != (num_local, rows_per_expert, example.hidden) or run["x_dtype"] != dtype:

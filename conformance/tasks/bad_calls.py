@@ -269,10 +269,12 @@ class BadCallEnv:
         shape = LLShape(align(ex.num_max_tokens_per_rank, 4), LL_HIDDEN, ex.num_experts)
         return dataclasses.replace(shape, **changes)
 
-    def ll_buffer(self, shape: LLShape | None = None, private: bool = False, **overrides: Any) -> Any:
+    def ll_buffer(self, shape: LLShape | None = None, private: bool = False, shrink: bool = False,
+                  **overrides: Any) -> Any:
         """``Buffer(group, 0, <the low-latency size hint of shape>, low_latency_mode=True, num_qps_per_rank=<local
-        experts>, explicitly_destroy=True)``, as the library's own test builds it: the task's shared buffer of that
-        shape, or a private one (destroyed when the recipe ends) with ``private`` or any override."""
+        experts>, explicitly_destroy=True)``, as the library's own test builds it (``enable_shrink=True`` too with
+        ``shrink``: a buffer with a mask buffer): the task's shared buffer of that shape and mode, or a private one
+        (destroyed when the recipe ends) with ``private`` or any override."""
         shape = shape if shape is not None else self.ll_shape()
         kwargs = {
             "num_nvl_bytes": 0,
@@ -281,10 +283,12 @@ class BadCallEnv:
             "num_qps_per_rank": max(shape.num_experts // self.world_size, 1),
             "explicitly_destroy": True,
         }
+        if shrink:
+            kwargs["enable_shrink"] = True
         kwargs.update(overrides)
         if private or overrides or self.shared is None:
             return self.v1_buffer(**kwargs)
-        return self.shared.get((id(self.module), shape), lambda: self.module.Buffer(self.group, **kwargs))
+        return self.shared.get((id(self.module), shape, shrink), lambda: self.module.Buffer(self.group, **kwargs))
 
     def release(self) -> None:
         """Destroy every buffer the recipe built (in construction order on every rank; failures ignored)."""
@@ -574,6 +578,13 @@ def ll_layout_bytes(shape: LLShape) -> int:
     copy += experts * t * max(dispatch_msg, combine_msg)
     copy += align(experts * 4, V1_ALIGNMENT)
     return 2 * copy
+
+
+def ll_signalling_end(num_experts: int) -> int:
+    """One past the last byte ``clean_low_latency_buffer`` zeroes (its boundary check, csrc/legacy/buffer.hpp:
+    1438-1443): the second signalling buffer starts at ``align_up(4 * num_experts, 128)`` and holds ``num_experts``
+    ints (config.hpp:161-175)."""
+    return align(num_experts * 4, V1_ALIGNMENT) + num_experts * 4
 
 
 def ll_size_hint(shape: LLShape) -> int:
@@ -1735,6 +1746,188 @@ def _(env: BadCallEnv, bad: bool) -> None:
 
 _ll_combine("v1_ll_combine_unsupported_hidden", _arg("x", lambda e, d, a: a["x"][:, :, :LL_HIDDEN // 2].contiguous()),
             f"expert outputs of {LL_HIDDEN // 2} columns (no kernel is compiled for it)")
+
+
+
+# clean_low_latency_buffer (deep_ep/buffers/legacy.py:550, csrc/legacy/buffer.hpp:1431-1454): a collective (two
+# barriers), made by every rank with the same arguments.
+def _ll_clean_shape(env: BadCallEnv, buffer: Any | None = None) -> None:
+    """clean_low_latency_buffer of the example's low-latency shape (on the task's shared buffer by default)."""
+    shape = env.ll_shape()
+    buffer = buffer if buffer is not None else env.ll_buffer()
+    buffer.clean_low_latency_buffer(shape.num_max_tokens, shape.hidden, shape.num_experts)
+
+
+@pair("v1_ll_clean_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """clean_low_latency_buffer on a destroyed low-latency buffer (a private one)."""
+    buffer = env.ll_buffer(private=True)
+    if bad:
+        buffer.destroy()
+    _ll_clean_shape(env, buffer)
+
+
+@pair("v1_ll_clean_1432")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """clean_low_latency_buffer on a buffer built without low_latency_mode (neighbour: on the low-latency buffer)."""
+    _ll_clean_shape(env, env.v1_buffer() if bad else None)
+
+
+#: ``(num_max_dispatch_tokens_per_rank, hidden, num_experts)`` that fail each host assert of ``LowLatencyLayout``
+#: (csrc/legacy/config.hpp:142, :150, :158; ``size_t`` arithmetic), the closest that pass, and why.
+LL_LAYOUT_CASES = {
+    142: ((1, -128, 1), (1, 0, 1), "hidden=-128: num_scales = -1, so num_scales * sizeof(float) is 2**64 - 4 as a "
+                                   "size_t, above the hidden it is compared with (neighbour: hidden=0, no scales)"),
+    150: ((1, 100, 1), (2, 100, 1), "1 token of hidden 100 for 1 expert: the send buffer is one dispatch message, "
+                                    "16 + 2 * 100 = 216 bytes, not a multiple of 16 (neighbour: 2 tokens, 432 bytes; "
+                                    "the receive buffer is the same size)"),
+    158: ((1, 130, 2), (2, 130, 2), "1 token of hidden 130 for 2 experts: the send buffer holds both experts' combine "
+                                    "messages, 2 * (4 + 260) = 528 bytes (a multiple of 16), the receive buffer their "
+                                    "dispatch messages, 2 * (16 + 260) = 552 bytes (not one); neighbour: 2 tokens, "
+                                    "1056 and 1104 bytes"),
+}
+
+
+def _ll_next_buffer_of(env: BadCallEnv, tokens: int, hidden: int, num_experts: int) -> Any:
+    """get_next_low_latency_combine_buffer of the task's dispatch handle forged to these sizes."""
+    done = env.ll_dispatched()
+    return done.buffer.get_next_low_latency_combine_buffer((*done.handle[:2], tokens, hidden, num_experts))
+
+
+#: The calls that build a ``LowLatencyLayout`` from sizes of the caller's, with no check of their own first: each
+#: gets a recipe per :data:`LL_LAYOUT_CASES` entry (the dispatch and combine check hidden % 128 first).
+_LL_LAYOUT_CALLS: dict[str, tuple[str, Callable[[BadCallEnv, int, int, int], Any]]] = {
+    "clean": ("clean_low_latency_buffer on the task's low-latency buffer",
+              lambda env, t, h, e: env.ll_buffer().clean_low_latency_buffer(t, h, e)),
+    "next_buffer": ("get_next_low_latency_combine_buffer of the task's dispatch handle forged to these sizes",
+                    _ll_next_buffer_of),
+    "size_hint": ("Buffer.get_low_latency_rdma_size_hint(tokens, hidden, num_ranks, experts)",
+                  lambda env, t, h, e: env.module.Buffer.get_low_latency_rdma_size_hint(t, h, env.world_size, e)),
+}
+
+
+def _ll_layout_pair(row: str, call: Callable[[BadCallEnv, int, int, int], Any], bad_args: tuple[int, int, int],
+                    ok_args: tuple[int, int, int], doc: str) -> None:
+    @pair(row)
+    def _(env: BadCallEnv, bad: bool) -> None:
+        call(env, *(bad_args if bad else ok_args))
+
+    RECIPES[row].__doc__ = RECIPES[f"{row}.ok"].__doc__ = doc
+
+
+for _name, (_what, _call) in _LL_LAYOUT_CALLS.items():
+    for _line, (_bad, _ok, _why) in LL_LAYOUT_CASES.items():
+        _ll_layout_pair(f"v1_ll_{_name}_layout_{_line}", _call, _bad, _ok, f"{_what}: {_why}")
+
+
+def _ll_clean_experts(env: BadCallEnv) -> int:
+    """The largest expert count whose two signalling buffers fit in the shared buffer's RDMA bytes."""
+    limit = ll_size_hint(env.ll_shape())
+    experts = limit // 8
+    while ll_signalling_end(experts + 1) <= limit:
+        experts += 1
+    while ll_signalling_end(experts) > limit:
+        experts -= 1
+    return experts
+
+
+@pair("v1_ll_clean_1440")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """clean_low_latency_buffer of the example's tokens and hidden size for one expert more than the signalling
+    buffers of the shared buffer's RDMA bytes can hold (neighbour: the most that fit, to the byte)."""
+    shape = env.ll_shape()
+    env.ll_buffer().clean_low_latency_buffer(shape.num_max_tokens, shape.hidden, _ll_clean_experts(env) + int(bad))
+
+
+# the shrink-mode mask calls (legacy.py:672-698, buffer.hpp:1731-1748): a mask buffer exists with enable_shrink=True
+# and RDMA bytes; each rank holds its own.  The neighbours leave every rank unmasked.
+def _ll_mask_status(env: BadCallEnv, numel: int | None = None, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """A ``mask_status`` tensor for low_latency_query_mask_buffer (by default the valid one: int32, one per rank)."""
+    return torch.full((env.world_size if numel is None else numel,), -1, dtype=dtype, device=env.device)
+
+
+def _ll_after_destroy(env: BadCallEnv, bad: bool, call: Callable[[Any], Any]) -> None:
+    buffer = env.ll_buffer(private=True, shrink=True)
+    if bad:
+        buffer.destroy()
+    call(buffer)
+
+
+def _ll_mask_call(row: str, bad_call: Callable[[BadCallEnv, Any], Any], doc: str,
+                  ok_call: Callable[[BadCallEnv, Any], Any] | None = None, shrink_when_bad: bool = True) -> None:
+    """Register a mask-call recipe: ``bad_call(env, buffer)`` on the shared shrink-mode buffer (or, without
+    ``shrink_when_bad``, on the shared buffer without a mask buffer); the neighbour makes ``ok_call`` (by default
+    the same call) on the shrink-mode buffer."""
+
+    @pair(row)
+    def _(env: BadCallEnv, bad: bool) -> None:
+        buffer = env.ll_buffer(shrink=shrink_when_bad or not bad)
+        (bad_call if bad or ok_call is None else ok_call)(env, buffer)
+
+    RECIPES[row].__doc__ = RECIPES[f"{row}.ok"].__doc__ = doc
+
+
+def _unmask_last(env: BadCallEnv, buffer: Any) -> None:
+    buffer.low_latency_update_mask_buffer(env.world_size - 1)  # mask=False: unmask (a no-op on an unmasked rank)
+
+
+@pair("v1_ll_update_mask_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_update_mask_buffer on a destroyed shrink-mode buffer (a private one)."""
+    _ll_after_destroy(env, bad, lambda buffer: _unmask_last(env, buffer))
+
+
+_ll_mask_call("v1_ll_update_mask_1732", _unmask_last,
+              "low_latency_update_mask_buffer(num_ranks - 1) on a low-latency buffer built without enable_shrink "
+              "(neighbour: with it)", shrink_when_bad=False)
+_ll_mask_call("v1_ll_update_mask_1733", lambda env, buffer: buffer.low_latency_update_mask_buffer(env.world_size),
+              "low_latency_update_mask_buffer(num_ranks): a rank past the last (neighbour: num_ranks - 1)",
+              ok_call=_unmask_last)
+
+
+@pair("v1_ll_query_mask_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_query_mask_buffer on a destroyed shrink-mode buffer (a private one)."""
+    _ll_after_destroy(env, bad, lambda buffer: buffer.low_latency_query_mask_buffer(_ll_mask_status(env)))
+
+
+_ll_mask_call("v1_ll_query_mask_1738", lambda env, buffer: buffer.low_latency_query_mask_buffer(_ll_mask_status(env)),
+              "low_latency_query_mask_buffer on a low-latency buffer built without enable_shrink (neighbour: with it)",
+              shrink_when_bad=False)
+_ll_mask_call("v1_ll_query_mask_1739",
+              lambda env, buffer: buffer.low_latency_query_mask_buffer(_ll_mask_status(env, env.world_size + 1)),
+              "low_latency_query_mask_buffer into an int32 mask_status of num_ranks + 1 entries (neighbour: num_ranks)",
+              ok_call=lambda env, buffer: buffer.low_latency_query_mask_buffer(_ll_mask_status(env)))
+
+
+@pair("v1_ll_clean_mask_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """low_latency_clean_mask_buffer on a destroyed shrink-mode buffer (a private one)."""
+    _ll_after_destroy(env, bad, lambda buffer: buffer.low_latency_clean_mask_buffer())
+
+
+_ll_mask_call("v1_ll_clean_mask_1746", lambda env, buffer: buffer.low_latency_clean_mask_buffer(),
+              "low_latency_clean_mask_buffer on a low-latency buffer built without enable_shrink (neighbour: with it)",
+              shrink_when_bad=False)
+
+
+# get_local_buffer_tensor (legacy.py:201-220, buffer.hpp:215-221)
+@pair("v1_local_buffer_after_destroy")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """get_local_buffer_tensor(torch.uint8, torch.Size([V1_ALIGNMENT])) on a destroyed buffer of V1_ALIGNMENT
+    NVLink bytes (a private one)."""
+    buffer = env.v1_buffer(num_nvl_bytes=V1_ALIGNMENT)
+    if bad:
+        buffer.destroy()
+    buffer.get_local_buffer_tensor(torch.uint8, torch.Size([V1_ALIGNMENT]))
+
+
+@pair("v1_local_buffer_size")
+def _(env: BadCallEnv, bad: bool) -> None:
+    """get_local_buffer_tensor(torch.float32, size, use_rdma_buffer=True) of one float more than the shared
+    low-latency buffer's RDMA bytes hold (neighbour: all of them)."""
+    numel = ll_size_hint(env.ll_shape()) // 4 + int(bad)
+    env.ll_buffer().get_local_buffer_tensor(torch.float32, torch.Size([numel]), use_rdma_buffer=True)
 
 
 # ===================================================================================================== V2

@@ -1,5 +1,6 @@
 """Rank tasks of the FP8 and low-latency properties: every low-latency call of an example (V1), the normal-mode
-round trip it is compared with, and FP8 ``(x, scales)`` dispatches of both APIs, also host-sync free."""
+round trip it is compared with, the shrink-mode and buffer-cleaning calls (V1), and FP8 ``(x, scales)`` dispatches
+of both APIs, also host-sync free."""
 
 from __future__ import annotations
 
@@ -28,6 +29,20 @@ def low_latency_runs(env: RankEnv) -> dict[str, Any]:
         return out
 
     return env.each_backend("low_latency_dispatch", run, api="v1", capability="low_latency")
+
+
+@rank_task
+def shrink_runs(env: RankEnv) -> dict[str, Any]:
+    """Per V1 backend with ``shrink``: the mask queries and the calls of a shrink-mode case (``ShrinkCase``)."""
+    return env.each_backend("low_latency_dispatch", lambda adapter: adapter.low_latency_shrink(
+        env.inputs, env.case, env.rank, env.world_size), api="v1", capability="shrink")
+
+
+@rank_task
+def clean_runs(env: RankEnv) -> dict[str, Any]:
+    """Per V1 backend with ``ll_buffer``: the cleans of a dirty buffer and the calls after them (``CleanCase``)."""
+    return env.each_backend("clean_low_latency_buffer", lambda adapter: adapter.low_latency_clean(
+        env.inputs, env.case, env.rank, env.world_size), api="v1", capability="ll_buffer")
 
 
 @rank_task
