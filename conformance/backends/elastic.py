@@ -56,11 +56,15 @@ class ElasticAdapter(AdapterBase):
         )
         return self._buffers[key]
 
-    def size_hint(self, example: Example, allow_multiple_reduction: bool = True) -> int:
-        """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (what :meth:`buffer` gets by default)."""
+    def size_hint(self, example: Example, **options: bool) -> int:
+        """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (``options``: ``use_fp8_dispatch``,
+        ``allow_hybrid_mode``, ``allow_multiple_reduction``; none: what :meth:`buffer` gets by default)."""
+        return self.shape_hint(example.num_max_tokens_per_rank, example.hidden, example.num_topk, **options)
+
+    def shape_hint(self, num_max_tokens_per_rank: int, hidden: int, num_topk: int, **options: bool) -> int:
+        """``ElasticBuffer.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, **options)``."""
         return int(self.module.ElasticBuffer.get_buffer_size_hint(
-            self.group, example.num_max_tokens_per_rank, example.hidden, example.num_topk,
-            allow_multiple_reduction=allow_multiple_reduction))
+            self.group, num_max_tokens_per_rank, hidden, num_topk, **options))
 
     def capture(self) -> Any:
         """An event on the current stream (``ElasticBuffer.capture()``), for ``before_epilogue``."""
@@ -97,11 +101,14 @@ class ElasticAdapter(AdapterBase):
         )
 
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
-                 stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple:
+                 stats: torch.Tensor | None = None, before_epilogue: Any = None, buffer: Any = None,
+                 num_qps: int = 0) -> tuple:
         """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``stats`` /
-        ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``."""
-        buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
-                             options.prefer_overlap_with_compute)
+        ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``;
+        ``buffer``: a buffer the caller built (instead of the one of :meth:`buffer`), ``num_qps``: passed as is."""
+        if buffer is None:
+            buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
+                                 options.prefer_overlap_with_compute)
         previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
             inputs.x,
@@ -111,6 +118,7 @@ class ElasticAdapter(AdapterBase):
             num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             expert_alignment=example.expert_alignment,
+            num_qps=num_qps,
             previous_event=previous,
             previous_event_before_epilogue=before_epilogue,  # needs no allocate_on_comm_stream (buffer.hpp:551-553)
             async_with_compute_stream=options.async_finish,
@@ -127,7 +135,8 @@ class ElasticAdapter(AdapterBase):
         view = DispatchView(
             backend=self.spec.name,
             api=self.api,
-            call=self.describe_dispatch(example, rank, options),
+            call=self.describe_dispatch(example, rank, options)
+            + (f" [num_qps={num_qps}, buffer num_allocated_qps={buffer.num_allocated_qps}]" if num_qps else ""),
             src_rank=source // stride,
             src_token=source % stride,
             x=recv_x.cpu(),

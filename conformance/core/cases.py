@@ -83,12 +83,26 @@ class BufferOptionsCase(CombineCase):
 class QpCase(ExampleCase):
     """How P11 calls V2: the dispatch SM count (0 = automatic; combine then passes ``num_sms=0``), how many QPs
     above ``num_allocated_qps`` the over-asking dispatch requests, how many tokens above the pinned maximum
-    the offending rank sends, and which rank offends (it also disagrees in the preflight)."""
+    the offending rank sends, and which rank offends (it also disagrees in the preflight).
+
+    The explicit buffer: ``ElasticBuffer(num_bytes=hint + extra_bytes + num_cpu_bytes, num_cpu_bytes=...,
+    num_allocated_qps=num_allocated_qps)`` (sizes in bytes, multiples of 2 MiB).  The bandwidths (GB/s) are
+    passed to ``get_theoretical_num_sms``."""
 
     num_sms: int = 0
     over_qps: int = 1
     over_tokens: int = 1
     offender: int = 0
+    num_allocated_qps: int = 1
+    extra_bytes: int = 0
+    num_cpu_bytes: int = 0
+    rdma_gbs: float = 50.0
+    nvlink_gbs: float = 450.0
+    sm_read_gbs: float = 200.0
+    sm_write_gbs: float = 50.0
+
+    #: ``symmetric::kNumAlignmentBytes``: explicit buffer sizes are multiples of it (csrc/elastic/buffer.hpp:98).
+    ALIGNMENT: ClassVar[int] = 2 * 1024 * 1024
 
     def validate(self) -> None:
         """Raise ``ValueError`` unless the case is valid."""
@@ -97,6 +111,12 @@ class QpCase(ExampleCase):
             raise ValueError(f"num_sms={self.num_sms} must be 0 or a positive even count")
         if self.over_qps < 1 or self.over_tokens < 1 or not 0 <= self.offender < self.world_size:
             raise ValueError(f"over_qps/over_tokens must be >= 1 and offender a rank: {self}")
+        if self.num_allocated_qps < 1:
+            raise ValueError(f"num_allocated_qps={self.num_allocated_qps} must be an explicit count (>= 1)")
+        if any(b < 0 or b % self.ALIGNMENT for b in (self.extra_bytes, self.num_cpu_bytes)):
+            raise ValueError(f"extra_bytes / num_cpu_bytes must be non-negative multiples of 2 MiB: {self}")
+        if min(self.rdma_gbs, self.nvlink_gbs, self.sm_read_gbs, self.sm_write_gbs) <= 0:
+            raise ValueError(f"bandwidths must be positive (0 asks the hardware): {self}")
 
 
 def p12_rows() -> dict[str, dict[str, Any]]:

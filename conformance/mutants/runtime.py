@@ -3,7 +3,8 @@
 Each patches the emulation the way a real library bug would behave: an event recorded too early, an
 ignored ``previous_event``, a context manager that forgets to wait, a QP check that clamps instead of
 refusing, an over-full batch silently truncated, a refusal that leaves stale rows behind, combine
-recomputing its SM count, a renamed keyword argument.
+recomputing its SM count, an explicit QP count or buffer size ignored, an SM-count argument dropped, a
+renamed keyword argument.
 """
 
 from __future__ import annotations
@@ -118,6 +119,37 @@ def combine_ignores_handle_num_sms() -> Iterator[None]:
             arguments["num_sms"] = self.get_theoretical_num_sms(handle.num_experts, handle.topk_idx.shape[1])
 
     with rebinding(ElasticBuffer, "combine", recompute):
+        yield
+
+
+@register("explicit-qp-count-ignored", "harmful",
+          "ElasticBuffer(num_allocated_qps=N) allocates the automatic QP count instead of the N asked for")
+def explicit_qp_count_ignored() -> Iterator[None]:
+    def automatic(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["num_allocated_qps"] = 0
+
+    with rebinding(ElasticBuffer, "__init__", automatic):
+        yield
+
+
+@register("explicit-num-bytes-ignored", "harmful",
+          "ElasticBuffer(num_bytes=N) (without CPU bytes) sizes the buffer from the MoE settings instead of N")
+def explicit_num_bytes_ignored() -> Iterator[None]:
+    def from_settings(self: Any, arguments: dict[str, Any]) -> None:
+        if arguments["num_cpu_bytes"] == 0:
+            arguments["num_bytes"] = None
+
+    with rebinding(ElasticBuffer, "__init__", from_settings):
+        yield
+
+
+@register("theoretical-sms-ignores-write-bandwidth", "harmful",
+          "ElasticBuffer.get_theoretical_num_sms drops its sm_write_gbs argument (the default 50 GB/s is used)")
+def theoretical_sms_ignores_write_bandwidth() -> Iterator[None]:
+    def default_write(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["sm_write_gbs"] = 50
+
+    with rebinding(ElasticBuffer, "get_theoretical_num_sms", default_write):
         yield
 
 
