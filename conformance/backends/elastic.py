@@ -33,10 +33,11 @@ class ElasticAdapter(AdapterBase):
         self._buffers: OrderedDict[tuple, Any] = OrderedDict()
 
     def buffer(self, example: Example, deterministic: bool = False, allow_multiple_reduction: bool = True,
-               prefer_overlap_with_compute: bool = True) -> Any:
-        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k) with these options."""
+               prefer_overlap_with_compute: bool = True, use_fp8_dispatch: bool = False) -> Any:
+        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k) with these options
+        (``use_fp8_dispatch``: sized for FP8 dispatches, deep_ep/buffers/elastic.py:306-309)."""
         key = (example.num_max_tokens_per_rank, example.hidden, example.num_topk, deterministic,
-               allow_multiple_reduction, prefer_overlap_with_compute)
+               allow_multiple_reduction, prefer_overlap_with_compute, use_fp8_dispatch)
         if key in self._buffers:
             self._buffers.move_to_end(key)
             return self._buffers[key]
@@ -48,6 +49,7 @@ class ElasticAdapter(AdapterBase):
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             hidden=example.hidden,
             num_topk=example.num_topk,
+            use_fp8_dispatch=use_fp8_dispatch,
             deterministic=deterministic,
             allow_multiple_reduction=allow_multiple_reduction,
             prefer_overlap_with_compute=prefer_overlap_with_compute,
@@ -193,11 +195,12 @@ class ElasticAdapter(AdapterBase):
 
     # ------------------------------------------------------------------------------------------------ FP8
     def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
-                     col_major: bool = False, do_cpu_sync: bool = True) -> dict[str, Any]:
+                     col_major: bool = False, do_cpu_sync: bool = True, fp8_buffer: bool = False) -> dict[str, Any]:
         """``ElasticBuffer.dispatch((x, scales), ..., use_tma_aligned_col_major_sf=col_major,
-        do_cpu_sync=do_cpu_sync)`` (capability ``fp8``; ``do_cpu_sync=False``: capability ``worst_case``); CPU
-        copies of the received rows, scales (and their strides), source ids, counts and valid-row count."""
-        buffer = self.buffer(example)
+        do_cpu_sync=do_cpu_sync)`` (capability ``fp8``; ``do_cpu_sync=False``: capability ``worst_case``) on the
+        example's buffer (``fp8_buffer``: the one built with ``use_fp8_dispatch=True``); CPU copies of the received
+        rows, scales (and their strides), source ids, counts and valid-row count, and the buffer's size."""
+        buffer = self.buffer(example, use_fp8_dispatch=fp8_buffer)
         (recv_x, recv_scales), recv_idx, recv_w, handle, _ = buffer.dispatch(
             (x, scales), topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
@@ -209,4 +212,5 @@ class ElasticAdapter(AdapterBase):
                 "scales_stride": tuple(recv_scales.stride()),
                 "topk_idx": recv_idx.cpu(), "src_rank": source // stride, "src_token": source % stride,
                 "counts": list(handle.num_recv_tokens_per_expert_list), "num_valid": num_valid,
-                "num_recv_tokens": int(handle.num_recv_tokens), "metadata_rows": int(handle.recv_src_metadata.shape[0])}
+                "num_recv_tokens": int(handle.num_recv_tokens), "metadata_rows": int(handle.recv_src_metadata.shape[0]),
+                "num_bytes": int(buffer.num_bytes)}

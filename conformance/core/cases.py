@@ -74,9 +74,20 @@ class CombineCase(ExampleCase):
 class BufferOptionsCase(CombineCase):
     """How P21 builds the V2 buffers and calls combine: the constructor's ``prefer_overlap_with_compute`` (every case
     runs both ``allow_multiple_reduction`` values, each with a plain and an expand-mode dispatch and combine), and
-    P5's ``num_bias`` / ``mode``."""
+    P5's ``num_bias`` / ``mode``.  ``size_tokens`` / ``size_hidden`` / ``size_topk``: a second, production-sized
+    shape ``get_buffer_size_hint`` is asked about (the example's own fits in the 2 MiB alignment)."""
 
     prefer_overlap_with_compute: bool = True
+    size_tokens: int = 4096
+    size_hidden: int = 7168
+    size_topk: int = 8
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the case is valid."""
+        super().validate()
+        if self.size_tokens < 1 or self.size_hidden < 32 or self.size_hidden % 32 or not 0 <= self.size_topk <= 32:
+            raise ValueError(f"the sizing shape needs tokens >= 1, hidden a positive multiple of 32 and top-k in "
+                             f"0..32 (0: sized for 32): {self}")
 
 
 @dataclass(frozen=True)
