@@ -9,12 +9,13 @@ process group goes away (the real V2 crashed with an illegal memory access other
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase, Raw
+from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
@@ -104,10 +105,11 @@ class ElasticAdapter(AdapterBase):
 
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
                  stats: torch.Tensor | None = None, before_epilogue: Any = None, buffer: Any = None,
-                 num_qps: int = 0) -> tuple:
+                 num_qps: int = 0, wait: Callable[[Any, Any], None] | None = None) -> tuple:
         """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``stats`` /
         ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``;
-        ``buffer``: a buffer the caller built (instead of the one of :meth:`buffer`), ``num_qps``: passed as is."""
+        ``buffer``: a buffer the caller built (instead of the one of :meth:`buffer`), ``num_qps``: passed as is;
+        ``wait(event, recv_x)``: how an async dispatch's event is waited on (default: ``current_stream_wait()``)."""
         if buffer is None:
             buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
                                  options.prefer_overlap_with_compute)
@@ -131,7 +133,7 @@ class ElasticAdapter(AdapterBase):
             do_zero_padding=options.do_zero_padding,
         )
         if options.async_finish:
-            event.current_stream_wait()
+            (wait or current_stream_wait)(event, recv_x)
         source = handle.recv_src_metadata[:, 0].to(torch.int64).cpu()
         stride = handle.num_max_tokens_per_rank
         view = DispatchView(

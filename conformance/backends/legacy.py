@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase, Raw
+from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
@@ -65,8 +66,10 @@ class LegacyAdapter(AdapterBase):
             f"num_experts={example.num_experts}, expert_alignment={example.expert_alignment}) on rank {rank}"
         )
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
-        """Layout + dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
+                 wait: Callable[[Any, Any], None] | None = None) -> tuple:
+        """Layout + dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``wait(event,
+        recv_x)``: how an async dispatch's event is waited on (default ``event.current_stream_wait()``)."""
         buffer = self.buffer
         num_per_rank, num_per_rdma, num_per_expert, in_rank, _ = buffer.get_dispatch_layout(
             inputs.topk_idx, example.num_experts
@@ -86,7 +89,7 @@ class LegacyAdapter(AdapterBase):
             allocate_on_comm_stream=previous is not None,
         )
         if options.async_finish:
-            event.current_stream_wait()
+            (wait or current_stream_wait)(event, recv_x)
         if len(handle) == 6:  # intranode: (rank_prefix_matrix, ..., recv_src_idx, is_token_in_rank, send_head)
             prefix = handle[0][:, rank].to(torch.int64).cpu()
             per_src = torch.diff(prefix, prepend=prefix.new_zeros(1))
