@@ -1,7 +1,8 @@
 """V1 low-latency calls the way decoding stacks make them: one low-latency ``Buffer`` per (tokens, hidden,
 experts), the four casts of ``tests/legacy/test_low_latency.py`` (bf16; FP8; FP8 with power-of-two scales; FP8
-with packed UE8M0 scales), receive hooks on every other call, one statistics tensor across the calls, then
-the combines (plain, with a receive hook, LogFMT-10, zero-copy) of the bf16 dispatch."""
+with packed UE8M0 scales), receive hooks on every other call, one call ``async_finish=True`` (read after its
+event), one statistics tensor across the calls, then the combines (plain, with a receive hook, LogFMT-10, async,
+zero-copy) of the bf16 dispatch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from conformance.core.example import Example, RankInputs
 #: ``(use_fp8, round_scale, use_ue8m0, return_recv_hook)`` of each dispatch, in call order.
 DISPATCH_CALLS = ((False, False, False, False), (True, False, False, True), (True, True, False, False),
                   (True, True, True, True))
+#: The dispatch (index in :data:`DISPATCH_CALLS`) made with ``async_finish=True`` (no hook: the library refuses
+#: both), its results read after ``event.current_stream_wait()``.
+ASYNC_DISPATCH = 2
 
 
 def ll_buffer(adapter: Any, example: Example, world_size: int) -> Any:
@@ -39,12 +43,14 @@ def destroy_ll(adapter: Any) -> None:
     adapter.__dict__.get("_ll_buffers", {}).clear()
 
 
-def describe(example: Example, rank: int, use_fp8: bool, round_scale: bool, use_ue8m0: bool, hook: bool) -> str:
+def describe(example: Example, rank: int, use_fp8: bool, round_scale: bool, use_ue8m0: bool, hook: bool,
+             async_finish: bool = False) -> str:
     t = example.tokens_per_rank[rank]
     return (f"Buffer.low_latency_dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
             f"num_max_dispatch_tokens_per_rank={example.num_max_tokens_per_rank}, num_experts={example.num_experts}, "
             f"use_fp8={use_fp8}, round_scale={round_scale}, use_ue8m0={use_ue8m0}, return_recv_hook={hook}, "
-            f"cumulative_local_expert_recv_stats=stats) on rank {rank}")
+            f"cumulative_local_expert_recv_stats=stats"
+            + (", async_finish=True) + event.current_stream_wait()" if async_finish else ")") + f" on rank {rank}")
 
 
 def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_size: int) -> dict[str, Any]:
@@ -54,17 +60,22 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     stats = torch.zeros(num_experts // world_size, dtype=torch.int32, device=inputs.x.device)
     dispatches = []
     bf16 = None
-    for use_fp8, round_scale, use_ue8m0, hook_on in DISPATCH_CALLS:
+    for index, (use_fp8, round_scale, use_ue8m0, hook_on) in enumerate(DISPATCH_CALLS):
+        async_finish = index == ASYNC_DISPATCH
         recv_x, recv_count, handle, event, hook = buffer.low_latency_dispatch(
             inputs.x, inputs.topk_idx, t_max, num_experts, cumulative_local_expert_recv_stats=stats,
-            use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, return_recv_hook=hook_on)
+            use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0, async_finish=async_finish,
+            return_recv_hook=hook_on)
+        if async_finish:
+            event.current_stream_wait()
         stats_before_hook = stats.cpu().clone()
         if hook_on:
             hook()
         x, scales = recv_x if use_fp8 else (recv_x, None)
         dispatches.append({
-            "call": describe(example, rank, use_fp8, round_scale, use_ue8m0, hook_on),
-            "options": (use_fp8, round_scale, use_ue8m0, hook_on), "hook_is_none": hook is None,
+            "call": describe(example, rank, use_fp8, round_scale, use_ue8m0, hook_on, async_finish),
+            "options": (use_fp8, round_scale, use_ue8m0, hook_on), "async_finish": async_finish,
+            "hook_is_none": hook is None,
             "x": _bytes(x), "x_dtype": str(x.dtype), "scales": None if scales is None else scales.cpu().contiguous(),
             "scales_stride": None if scales is None else tuple(scales.stride()),
             "scales_dtype": None if scales is None else str(scales.dtype),
@@ -82,6 +93,9 @@ def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_siz
     hook()
     combines["hook"] = out.cpu()
     combines["logfmt"] = buffer.low_latency_combine(recv_x, inputs.topk_idx, w, handle, use_logfmt=True)[0].cpu()
+    out, event, _ = buffer.low_latency_combine(recv_x, inputs.topk_idx, w, handle, async_finish=True)
+    event.current_stream_wait()
+    combines["async"] = out.cpu()
     staging = buffer.get_next_low_latency_combine_buffer(handle)
     staging.copy_(recv_x)
     combines["zero_copy"] = buffer.low_latency_combine(torch.zeros_like(recv_x), inputs.topk_idx, w, handle,

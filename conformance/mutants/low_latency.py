@@ -11,6 +11,7 @@ import torch
 from conformance.emulation import _low_latency
 from conformance.emulation._low_latency import LowLatencyMixin
 from conformance.emulation.legacy import Buffer
+from conformance.emulation.utils.event import EventHandle, EventOverlap, defer
 from conformance.mutants.patching import wrap_method
 from conformance.mutants.registry import register
 
@@ -142,6 +143,9 @@ def ll_reverse_source_order() -> Iterator[None]:
                     layout_range[e, s] = (begin << 32) | blocks[s][1]
                     begin += blocks[s][1]
 
+        if hook is None and event.event is not None and recv_count.device.type == "cpu":  # async: after the receive
+            defer(reorder)
+            return recv_x, recv_count, handle, EventOverlap(EventHandle(recv_count.device)), hook
         if hook is None:
             reorder()
             return out
@@ -152,4 +156,21 @@ def ll_reverse_source_order() -> Iterator[None]:
         return recv_x, recv_count, handle, event, late
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+        yield
+
+
+@register("ll-async-event-before-receive", "harmful",
+          "low-latency dispatch/combine with async_finish=True record their event before the receive phase is "
+          "queued: waiting on it leaves the outputs unwritten (P15, P16)")
+def ll_async_event_before_receive() -> Iterator[None]:
+    def replacement(original: Any) -> Any:
+        def deliver(receive: Any, return_recv_hook: bool, async_finish: bool, device: torch.device) -> Any:
+            if async_finish and not return_recv_hook and device.type == "cpu":
+                event = EventOverlap(EventHandle(device))  # recorded too early
+                defer(receive)
+                return event
+            return original(receive, return_recv_hook, async_finish, device)
+        return deliver
+
+    with _patch_function("_deliver", replacement):
         yield

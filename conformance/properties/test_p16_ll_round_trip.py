@@ -1,8 +1,9 @@
 """P16 low-latency round trip: identity experts combined by ``low_latency_combine`` give every token ``x * (sum
-of its weights)`` within the derived bound of one float32 accumulation and one bf16 rounding; the receive-hook
-and zero-copy combines give the same bytes; LogFMT-10 stays within its derived bound (a 9-bit log code per
-128-channel block: relative error below ``2^(32/510) - 1``, values under ``amax * 2^-32`` may vanish); and the
-result agrees with the normal-mode round trip (``Buffer.dispatch`` / ``combine``) within both bounds."""
+of its weights)`` within the derived bound of one float32 accumulation and one bf16 rounding; the receive-hook,
+async (``async_finish=True``, read after the event wait) and zero-copy combines give the same bytes; LogFMT-10
+stays within its derived bound (a 9-bit log code per 128-channel block: relative error below ``2^(32/510) - 1``,
+values under ``amax * 2^-32`` may vanish); and the result agrees with the normal-mode round trip
+(``Buffer.dispatch`` / ``combine``) within both bounds."""
 
 from __future__ import annotations
 
@@ -51,12 +52,13 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         plain_bound = BF16_HALF_ULP * exact.abs() + accumulation * (1 + BF16_HALF_ULP) + BF16_TINY
         combines, call = result["combines"], result["combine_call"]
         _assert_within("combined_x", combines["plain"], exact, plain_bound, call, rank)
-        for variant in ("hook", "zero_copy"):
+        for variant in ("hook", "async", "zero_copy"):
             if not torch.equal(combines[variant].view(torch.int16), combines["plain"].view(torch.int16)):
                 bad = torch.nonzero(combines[variant].view(torch.int16) != combines["plain"].view(torch.int16))
                 t, c = bad[0].tolist()
-                how = ("return_recv_hook=True, then hook()" if variant == "hook"
-                       else "zero_copy=True after get_next_low_latency_combine_buffer")
+                how = {"hook": "return_recv_hook=True, then hook()",
+                       "async": "async_finish=True, then event.current_stream_wait()",
+                       "zero_copy": "zero_copy=True after get_next_low_latency_combine_buffer"}[variant]
                 raise AssertionError(
                     f"combined_x[rank {rank}][token {t}, col {c}] of the {variant} combine is "
                     f"{float(combines[variant][t, c])}, expected {float(combines['plain'][t, c])} (the plain "
@@ -83,7 +85,7 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P16-ll-round-trip",
     title="low-latency dispatch -> combine of identity experts gives x * sum(weights) within the derived bound; "
-          "hook and zero-copy combines give the same bytes; LogFMT-10 within its bound; agrees with normal mode",
+          "hook, async and zero-copy combines give the same bytes; LogFMT-10 within its bound; agrees with normal mode",
     strategy=sized(ll_examples), task=low_latency_runs, check=check, apis=("v1",), needs=("low_latency",),
 ))
 test_ll_round_trip = PROPERTY.test
