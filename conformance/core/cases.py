@@ -47,7 +47,7 @@ class ExampleCase:
 
 @dataclass(frozen=True)
 class CombineCase(ExampleCase):
-    """How P5 calls combine: ``num_bias`` bias tensors (0, 1 or 2) and the comparison mode.
+    """How P5 calls combine: ``num_bias`` bias tensors (0, 1 or 2), the comparison mode, and V1's configs.
 
     ``exact``: small-integer payloads and biases, every sum exactly representable -> byte-exact.
     ``bounded``: random payloads -> within the derived float32-accumulation bound (``oracle.bounds``).
@@ -56,6 +56,9 @@ class CombineCase(ExampleCase):
     MODES: ClassVar[tuple[str, ...]] = ("exact", "bounded")
     num_bias: int = 0
     mode: str = "exact"
+    #: V1: dispatch and combine with explicit configs, the library's table entries built with this SM count (even,
+    #: at least 4: the internode kernels need two channels); 0: the default configs (20 SMs)
+    v1_num_sms: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` unless the case is valid."""
@@ -68,6 +71,8 @@ class CombineCase(ExampleCase):
             raise ValueError("mode 'exact' needs payload='integers' (exactly summable values)")
         if self.example.payload == "special":
             raise ValueError("combine sums payloads: NaN/Inf payloads have no meaningful sum to compare")
+        if self.v1_num_sms and (self.v1_num_sms < 4 or self.v1_num_sms % 2 or self.v1_num_sms > 132):
+            raise ValueError(f"v1_num_sms={self.v1_num_sms} must be 0 or an even count in 4..132")
 
 
 @dataclass(frozen=True)
