@@ -106,23 +106,24 @@ def hook_before_event_wait() -> Iterator[None]:
 @register("layout-ignores-previous-event", "harmful",
           "V1 get_dispatch_layout does not wait for previous_event (it reads a topk_idx a compute is still writing)")
 def layout_ignores_previous_event() -> Iterator[None]:
-    def layout(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    with _not_waiting_previous_event(Buffer, "get_dispatch_layout"):
+        yield
+
+
+def _not_waiting_previous_event(cls: type, name: str) -> Any:
+    """``cls.name`` runs with V1's wait on ``previous_event`` skipped (its argument checks still see the event)."""
+    def skip(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None):
             return original(self, *args, **kwargs)
 
-    with wrap_method(Buffer, "get_dispatch_layout", layout):
-        yield
+    return wrap_method(cls, name, skip)
 
 
 @register("internode-combine-ignores-previous-event", "harmful",
           "V1 internode_combine does not wait for previous_event (the argument checks still see it): a combine on "
           "several nodes reads expert outputs a compute is still writing", min_nodes=2)
 def internode_combine_ignores_previous_event() -> Iterator[None]:
-    def combine(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None):
-            return original(self, *args, **kwargs)
-
-    with wrap_method(Buffer, "internode_combine", combine):
+    with _not_waiting_previous_event(Buffer, "internode_combine"):
         yield
 
 
