@@ -246,6 +246,15 @@ def assert_ints_equal(name: str, got: Any, expected: Any, *, call: str, why: str
     raise AssertionError(f"{name} = {got_list}, expected {exp_list} ({why}); {detail} [{call}]")
 
 
+def assert_value_equal(name: str, got: Any, expected: Any, *, call: str, why: str = "the oracle") -> None:
+    """The scalar ``got`` (a count, a size, a flag) equals ``expected``; the message names both and the call."""
+    __tracebackhide__ = True
+    if type(got) is not type(expected) and not (isinstance(got, int | float) and isinstance(expected, int | float)):
+        raise AssertionError(f"{name} = {got!r} ({type(got).__name__}), expected {expected!r} ({why}) [{call}]")
+    if got != expected:
+        raise AssertionError(f"{name} = {got!r}, expected {expected!r} ({why}) [{call}]")
+
+
 def assert_receipts_equal(
     observed: Receipts, expected: Receipts, *, rank: int, call: str, against: str = "the oracle"
 ) -> None:

@@ -81,6 +81,26 @@ def test_p5_catches_wrong_combined_weights(emulated_session) -> None:
     assert case.example.num_topk >= 2
 
 
+def test_p5_catches_explicit_v1_configs_ignored(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P5, "v1-explicit-config-ignored", combine_cases(2))
+    assert case.v1_num_sms not in (0, 20)
+    assert "channels of the dispatch handle = 10" in message and "Buffer.dispatch(" in message
+
+
+def test_p5_v1_config_comes_from_the_library_table_and_restores_the_sm_count(emulated_session) -> None:
+    """The explicit configs are the library's own table entries built with the case's SM count, and the class's
+    SM count (the default configs') is back at 20 afterwards."""
+    import dataclasses
+
+    from conformance.tasks.combine import combine_outputs
+
+    case = dataclasses.replace(sample(combine_cases(2), 1)[0], v1_num_sms=8)
+    results = emulated_session.run(combine_outputs, case)
+    assert all(r["emulated-v1"].num_channels == 4 for r in results)
+    again = emulated_session.run(combine_outputs, dataclasses.replace(case, v1_num_sms=0))
+    assert all(r["emulated-v1"].num_channels == 10 for r in again)
+
+
 def test_p5_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:
     assert_holds(emulated_session, P5, sample(combine_cases(2), 12))
     assert_holds(two_node_session, P5, sample(combine_cases(4), 6))
@@ -113,6 +133,8 @@ def test_p5_strategy_reaches_the_corners() -> None:
     for num_bias in (0, 1, 2):
         find(strategy, lambda c, n=num_bias: c.num_bias == n, settings=FIND_SETTINGS)
     find(strategy, lambda c: c.mode == "exact", settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.v1_num_sms == 0, settings=FIND_SETTINGS)  # the default configs
+    find(strategy, lambda c: c.v1_num_sms not in (0, 20), settings=FIND_SETTINGS)  # a table entry, other SMs
     find(strategy, lambda c: c.mode == "bounded", settings=FIND_SETTINGS)
     find(strategy, lambda c: c.example.hidden == 128, settings=FIND_SETTINGS)
     find(strategy, lambda c: c.example.hidden != 128, settings=FIND_SETTINGS)

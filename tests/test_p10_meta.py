@@ -1,9 +1,10 @@
-"""Meta-tests of P10: it catches early events, ignored previous_event and a `with` that does not wait."""
+"""Meta-tests of P10: it catches early events, ignored previous_event (dispatch, layout, internode combine), a `with`
+that does not wait, an ignored release_handle, a hook run before the wait and a barrier that does not wait."""
 
 from hypothesis import find, settings
 
 from conformance.strategies.calls import small_examples
-from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
 
 P10 = "P10-events"
 
@@ -21,7 +22,46 @@ def test_p10_catches_an_ignored_previous_event(emulated_session) -> None:
 
 def test_p10_catches_an_event_overlap_that_does_not_wait_on_exit(emulated_session) -> None:
     _, message = assert_caught(emulated_session, P10, "event-overlap-exit-no-wait", small_examples(2))
-    assert "`with event:`" in message and "synchronous combine" in message
+    # the exit neither waits nor lets the event go: whichever the shrunk case shows first
+    assert "`with event(release_handle=True):`" in message
+    assert "synchronous combine" in message or "event released" in message
+
+
+def test_p10_catches_an_ignored_release_handle(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P10, "release-handle-ignored", small_examples(2))
+    assert "event released" in message and "release_handle=True" in message
+
+
+def test_p10_catches_a_call_that_drops_release_handle(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P10, "event-call-drops-release-handle", small_examples(2))
+    assert "event released" in message and "`with event(release_handle=True):`" in message
+
+
+def test_p10_catches_a_hook_run_before_the_wait(emulated_session) -> None:
+    example, message = assert_caught(emulated_session, P10, "hook-before-event-wait", small_examples(2))
+    assert "recv_x as the hook saw it" in message and "register_hook_after_wait" in message
+
+
+def test_p10_catches_a_layout_that_ignores_previous_event(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P10, "layout-ignores-previous-event", small_examples(2))
+    assert "get_dispatch_layout(topk_idx written by a compute" in message and "synchronous layout" in message
+
+
+def test_p10_catches_a_barrier_that_does_not_wait(emulated_session) -> None:
+    _, message = assert_caught(emulated_session, P10, "barrier-returns-early-unless-sequential", small_examples(2))
+    assert "ranks that had entered the barrier = 1, expected 2" in message and "sequential=False" in message
+
+
+def test_p10_catches_an_internode_combine_that_ignores_previous_event(two_node_session) -> None:
+    """Drawn cases, not shrunk (shrinking on four ranks takes minutes)."""
+    for example in sample(small_examples(4), 8):
+        message = fails(two_node_session, P10, example, "internode-combine-ignores-previous-event")
+        if message is not None:
+            break
+    else:
+        raise AssertionError("none of 8 drawn examples caught an internode combine that ignores previous_event")
+    assert "emulated-v1 combine(expert outputs a compute is still writing" in message and "previous_event" in message
+    assert fails(two_node_session, P10, example, None) is None
 
 
 def test_p10_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:

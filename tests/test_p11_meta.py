@@ -30,6 +30,24 @@ def test_p11_catches_a_refusal_that_corrupts_the_buffer(emulated_session) -> Non
     assert "the call right after the refused" in message
 
 
+def test_p11_catches_an_explicit_qp_count_ignored(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P11, "explicit-qp-count-ignored", qp_cases(2))
+    assert case.num_allocated_qps not in (129, 65)
+    assert "num_allocated_qps =" in message and "the count asked for" in message
+
+
+def test_p11_catches_an_explicit_num_bytes_ignored(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P11, "explicit-num-bytes-ignored", qp_cases(2))
+    assert case.extra_bytes > 0 and case.num_cpu_bytes == 0
+    assert "num_bytes =" in message and "the size asked for" in message
+
+
+def test_p11_catches_a_theoretical_sm_count_that_drops_an_argument(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, P11, "theoretical-sms-ignores-write-bandwidth", qp_cases(2))
+    assert case.sm_write_gbs != 50
+    assert "get_theoretical_num_sms(" in message and "bandwidth model" in message
+
+
 def test_p11_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:
     assert_holds(emulated_session, P11, sample(qp_cases(2), 6))
     assert_holds(two_node_session, P11, sample(qp_cases(4), 3))
@@ -62,6 +80,9 @@ def test_p11_strategy_reaches_its_corners() -> None:
     find(strategy, lambda c: c.offender == 1 and c.example.tokens_per_rank[1] == 0, settings=generous)
     find(strategy, lambda c: c.over_qps >= 32, settings=generous)
     find(strategy, lambda c: c.example.hidden == 128, settings=generous)  # combine limit on V2
+    find(strategy, lambda c: c.num_allocated_qps < 17, settings=generous)  # below even the direct automatic cap
+    find(strategy, lambda c: c.num_cpu_bytes > 0 and c.extra_bytes > 0, settings=generous)
+    find(strategy, lambda c: c.sm_write_gbs > 200 and c.nvlink_gbs < 100, settings=generous)
 
 
 @pytest.mark.parametrize("nodes, ranks_per_node", [(1, 1), (1, 3), (2, 2)], ids=["1-rank", "3-ranks", "4-ranks"])

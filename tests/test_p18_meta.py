@@ -9,7 +9,7 @@ from tests.meta import assert_caught, assert_holds, sample
 PID = "P18-fp8-payloads"
 
 
-@pytest.mark.parametrize("mutant", ['fp8-scales-not-moved'])
+@pytest.mark.parametrize("mutant", ['fp8-scales-not-moved', 'fp8-hint-sizes-combine-in-fp8'])
 def test_catches(emulated_session, mutant: str) -> None:
     example, message = assert_caught(emulated_session, PID, mutant, fp8_examples(2))
     assert "expected" in message and "[" in message, message  # value, expectation and the call
@@ -17,3 +17,17 @@ def test_catches(emulated_session, mutant: str) -> None:
 
 def test_holds_on_the_emulation(emulated_session) -> None:
     assert_holds(emulated_session, PID, sample(fp8_examples(2), 6))
+
+
+def test_fp8_buffers_are_built_with_use_fp8_dispatch(emulated_session) -> None:
+    """The V2 run on the FP8-sized buffer really is on a buffer built with ``use_fp8_dispatch=True``: its size
+    differs from the bf16 buffer's where the dispatch layout decides it."""
+    import dataclasses
+
+    from conformance.tasks.low_latency import fp8_runs
+
+    (example,) = sample(fp8_examples(2), 1)
+    example = dataclasses.replace(example, hidden=2048, num_max_tokens_per_rank=256, num_topk=1)
+    results = emulated_session.run(fp8_runs, example)
+    runs = results[0]["emulated-v2"]
+    assert runs["fp8_buffer"]["num_bytes"] < runs["plain"]["num_bytes"]

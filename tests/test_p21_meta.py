@@ -70,6 +70,38 @@ def test_catches_a_per_node_rounding_without_allow_multiple_reduction_on_two_nod
     assert fails(two_node_session, PID, case, None) is None
 
 
+def test_catches_a_size_hint_that_sizes_the_combine_in_fp8(emulated_session) -> None:
+    case, message = assert_caught(emulated_session, PID, "fp8-hint-sizes-combine-in-fp8", buffer_option_cases(2))
+    assert "use_fp8_dispatch=True" in message and "the size hint" in message, message
+    assert case.size_tokens * case.size_hidden > 0
+
+
+def test_catches_a_direct_mode_hint_sized_for_hybrid_mode_on_two_nodes(two_node_session) -> None:
+    """Drawn cases, not shrunk (shrinking on four ranks takes minutes); on one node both modes size alike."""
+    for case in sample(buffer_option_cases(4), 5):
+        message = fails(two_node_session, PID, case, "hint-ignores-allow-hybrid-mode")
+        if message is not None:
+            break
+    else:
+        raise AssertionError("none of 5 drawn cases caught a direct-mode size hint sized for hybrid mode")
+    assert "allow_hybrid_mode=False" in message and "the size hint" in message, message
+    assert fails(two_node_session, PID, case, None) is None
+
+
+def test_the_size_oracle_by_hand() -> None:
+    """One node of 2 ranks, 128 tokens of hidden 7168, top-8 (the recorded buffer: 4 MiB, fixtures/deepep-real):
+    a bf16 dispatch token is 14336 + 0 + align(8 * 8 + 9 * 4 = 100, 32) = 14464 bytes, two receive slots of 128
+    tokens: 3.7 MB, 4 MiB aligned; the combine (2 slots of 14336 + 64 bytes) is smaller."""
+    from conformance.oracle.buffer_size import expected_buffer_size, token_bytes
+
+    assert token_bytes(2 * 7168, 0, 8, True) == 14464
+    assert expected_buffer_size(128, 7168, 8, use_fp8_dispatch=False, allow_hybrid_mode=True,
+                                allow_multiple_reduction=True, num_nodes=1, ranks_per_node=2) == 4 << 20
+    # FP8: 7168 + 896 + 128 bytes per dispatch token, 2.1 MB; the bf16 combine (3.7 MB) decides: 4 MiB still
+    assert expected_buffer_size(128, 7168, 8, use_fp8_dispatch=True, allow_hybrid_mode=True,
+                                allow_multiple_reduction=True, num_nodes=1, ranks_per_node=2) == 4 << 20
+
+
 def test_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_session) -> None:
     assert_holds(emulated_session, PID, sample(buffer_option_cases(2), 12))
     assert_holds(two_node_session, PID, sample(buffer_option_cases(4), 6))
@@ -97,4 +129,6 @@ def test_strategy_reaches_its_corners() -> None:
     find(strategy, lambda c: not c.prefer_overlap_with_compute, settings=COVERAGE)
     find(strategy, lambda c: c.mode == "bounded" and multi_local_slots(c.example), settings=COVERAGE)
     find(strategy, lambda c: c.num_bias == 2 and c.mode == "exact", settings=COVERAGE)
+    find(strategy, lambda c: c.size_tokens > 2048 and c.size_hidden >= 4096, settings=COVERAGE)  # beyond 2 MiB
+    find(strategy, lambda c: c.size_topk == 0, settings=COVERAGE)  # sized for 32 slots
     assert all(isinstance(c, BufferOptionsCase) and c.example.hidden % 256 == 0 for c in sample(strategy, 20))

@@ -93,6 +93,11 @@ class Backend(Protocol):
         ...
 
 
+def current_stream_wait(event: Any, recv_x: Any) -> None:
+    """The default wait of an async call's ``EventOverlap`` (``recv_x``: its output, for waits that look at it)."""
+    event.current_stream_wait()
+
+
 class AdapterBase:
     """What the built-in adapters hold: their backend, the deep_ep-like module, the process group, the node count.
 

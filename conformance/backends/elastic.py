@@ -9,12 +9,13 @@ process group goes away (the real V2 crashed with an illegal memory access other
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase, Raw
+from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
@@ -33,10 +34,11 @@ class ElasticAdapter(AdapterBase):
         self._buffers: OrderedDict[tuple, Any] = OrderedDict()
 
     def buffer(self, example: Example, deterministic: bool = False, allow_multiple_reduction: bool = True,
-               prefer_overlap_with_compute: bool = True) -> Any:
-        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k) with these options."""
+               prefer_overlap_with_compute: bool = True, use_fp8_dispatch: bool = False) -> Any:
+        """The buffer pinned to this example's (num_max_tokens_per_rank, hidden, top-k) with these options
+        (``use_fp8_dispatch``: sized for FP8 dispatches, deep_ep/buffers/elastic.py:306-309)."""
         key = (example.num_max_tokens_per_rank, example.hidden, example.num_topk, deterministic,
-               allow_multiple_reduction, prefer_overlap_with_compute)
+               allow_multiple_reduction, prefer_overlap_with_compute, use_fp8_dispatch)
         if key in self._buffers:
             self._buffers.move_to_end(key)
             return self._buffers[key]
@@ -48,6 +50,7 @@ class ElasticAdapter(AdapterBase):
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             hidden=example.hidden,
             num_topk=example.num_topk,
+            use_fp8_dispatch=use_fp8_dispatch,
             deterministic=deterministic,
             allow_multiple_reduction=allow_multiple_reduction,
             prefer_overlap_with_compute=prefer_overlap_with_compute,
@@ -56,11 +59,15 @@ class ElasticAdapter(AdapterBase):
         )
         return self._buffers[key]
 
-    def size_hint(self, example: Example, allow_multiple_reduction: bool = True) -> int:
-        """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (what :meth:`buffer` gets by default)."""
+    def size_hint(self, example: Example, **options: bool) -> int:
+        """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (``options``: ``use_fp8_dispatch``,
+        ``allow_hybrid_mode``, ``allow_multiple_reduction``; none: what :meth:`buffer` gets by default)."""
+        return self.shape_hint(example.num_max_tokens_per_rank, example.hidden, example.num_topk, **options)
+
+    def shape_hint(self, num_max_tokens_per_rank: int, hidden: int, num_topk: int, **options: bool) -> int:
+        """``ElasticBuffer.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, **options)``."""
         return int(self.module.ElasticBuffer.get_buffer_size_hint(
-            self.group, example.num_max_tokens_per_rank, example.hidden, example.num_topk,
-            allow_multiple_reduction=allow_multiple_reduction))
+            self.group, num_max_tokens_per_rank, hidden, num_topk, **options))
 
     def capture(self) -> Any:
         """An event on the current stream (``ElasticBuffer.capture()``), for ``before_epilogue``."""
@@ -97,11 +104,15 @@ class ElasticAdapter(AdapterBase):
         )
 
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
-                 stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple:
+                 stats: torch.Tensor | None = None, before_epilogue: Any = None, buffer: Any = None,
+                 num_qps: int = 0, wait: Callable[[Any, Any], None] | None = None) -> tuple:
         """Dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``stats`` /
-        ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``."""
-        buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
-                             options.prefer_overlap_with_compute)
+        ``before_epilogue``: ``cumulative_local_expert_recv_stats`` / ``previous_event_before_epilogue``;
+        ``buffer``: a buffer the caller built (instead of the one of :meth:`buffer`), ``num_qps``: passed as is;
+        ``wait(event, recv_x)``: how an async dispatch's event is waited on (default: ``current_stream_wait()``)."""
+        if buffer is None:
+            buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
+                                 options.prefer_overlap_with_compute)
         previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
             inputs.x,
@@ -111,6 +122,7 @@ class ElasticAdapter(AdapterBase):
             num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             expert_alignment=example.expert_alignment,
+            num_qps=num_qps,
             previous_event=previous,
             previous_event_before_epilogue=before_epilogue,  # needs no allocate_on_comm_stream (buffer.hpp:551-553)
             async_with_compute_stream=options.async_finish,
@@ -121,13 +133,14 @@ class ElasticAdapter(AdapterBase):
             do_zero_padding=options.do_zero_padding,
         )
         if options.async_finish:
-            event.current_stream_wait()
+            (wait or current_stream_wait)(event, recv_x)
         source = handle.recv_src_metadata[:, 0].to(torch.int64).cpu()
         stride = handle.num_max_tokens_per_rank
         view = DispatchView(
             backend=self.spec.name,
             api=self.api,
-            call=self.describe_dispatch(example, rank, options),
+            call=self.describe_dispatch(example, rank, options)
+            + (f" [num_qps={num_qps}, buffer num_allocated_qps={buffer.num_allocated_qps}]" if num_qps else ""),
             src_rank=source // stride,
             src_token=source % stride,
             x=recv_x.cpu(),
@@ -184,11 +197,12 @@ class ElasticAdapter(AdapterBase):
 
     # ------------------------------------------------------------------------------------------------ FP8
     def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,
-                     col_major: bool = False, do_cpu_sync: bool = True) -> dict[str, Any]:
+                     col_major: bool = False, do_cpu_sync: bool = True, fp8_buffer: bool = False) -> dict[str, Any]:
         """``ElasticBuffer.dispatch((x, scales), ..., use_tma_aligned_col_major_sf=col_major,
-        do_cpu_sync=do_cpu_sync)`` (capability ``fp8``; ``do_cpu_sync=False``: capability ``worst_case``); CPU
-        copies of the received rows, scales (and their strides), source ids, counts and valid-row count."""
-        buffer = self.buffer(example)
+        do_cpu_sync=do_cpu_sync)`` (capability ``fp8``; ``do_cpu_sync=False``: capability ``worst_case``) on the
+        example's buffer (``fp8_buffer``: the one built with ``use_fp8_dispatch=True``); CPU copies of the received
+        rows, scales (and their strides), source ids, counts and valid-row count, and the buffer's size."""
+        buffer = self.buffer(example, use_fp8_dispatch=fp8_buffer)
         (recv_x, recv_scales), recv_idx, recv_w, handle, _ = buffer.dispatch(
             (x, scales), topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
@@ -200,4 +214,5 @@ class ElasticAdapter(AdapterBase):
                 "scales_stride": tuple(recv_scales.stride()),
                 "topk_idx": recv_idx.cpu(), "src_rank": source // stride, "src_token": source % stride,
                 "counts": list(handle.num_recv_tokens_per_expert_list), "num_valid": num_valid,
-                "num_recv_tokens": int(handle.num_recv_tokens), "metadata_rows": int(handle.recv_src_metadata.shape[0])}
+                "num_recv_tokens": int(handle.num_recv_tokens), "metadata_rows": int(handle.recv_src_metadata.shape[0]),
+                "num_bytes": int(buffer.num_bytes)}

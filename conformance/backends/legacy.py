@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase, Raw
+from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
@@ -65,13 +66,16 @@ class LegacyAdapter(AdapterBase):
             f"num_experts={example.num_experts}, expert_alignment={example.expert_alignment}) on rank {rank}"
         )
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int) -> tuple:
-        """Layout + dispatch; returns ``(view, raw)`` where raw keeps the handle for combine."""
+    def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
+                 wait: Callable[[Any, Any], None] | None = None) -> tuple:
+        """Layout + dispatch; returns ``(view, raw)`` where raw keeps the handle for combine.  ``wait(event,
+        recv_x)``: how an async dispatch's event is waited on (default ``event.current_stream_wait()``)."""
         buffer = self.buffer
         num_per_rank, num_per_rdma, num_per_expert, in_rank, _ = buffer.get_dispatch_layout(
             inputs.topk_idx, example.num_experts
         )
         previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
+        config = {"config": self.table_config("dispatch", options.v1_num_sms)} if options.v1_num_sms else {}
         recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
             inputs.x,
             num_tokens_per_rank=num_per_rank,
@@ -84,9 +88,10 @@ class LegacyAdapter(AdapterBase):
             async_finish=options.async_finish,
             previous_event=previous,
             allocate_on_comm_stream=previous is not None,
+            **config,
         )
         if options.async_finish:
-            event.current_stream_wait()
+            (wait or current_stream_wait)(event, recv_x)
         if len(handle) == 6:  # intranode: (rank_prefix_matrix, ..., recv_src_idx, is_token_in_rank, send_head)
             prefix = handle[0][:, rank].to(torch.int64).cpu()
             per_src = torch.diff(prefix, prepend=prefix.new_zeros(1))
@@ -94,12 +99,14 @@ class LegacyAdapter(AdapterBase):
             src_token = handle[3].to(torch.int64).cpu()
         else:  # internode handles do not name the source token: ask a cached dispatch of identity rows
             ident = identity_payload(inputs.x.shape[0], inputs.x.shape[1], rank, inputs.x)
-            ident_rows = buffer.dispatch(ident, handle=handle)[0]
+            ident_rows = buffer.dispatch(ident, handle=handle, **config)[0]
             src_rank, src_token = decode_identity(ident_rows.cpu())
         view = DispatchView(
             backend=self.spec.name,
             api=self.api,
-            call=self.describe_dispatch(example, rank),
+            call=self.describe_dispatch(example, rank) + (
+                f" [config: the table's for {self.config_ranks} ranks with num_sms={options.v1_num_sms}]"
+                if options.v1_num_sms else ""),
             src_rank=src_rank,
             src_token=src_token,
             x=recv_x.cpu(),
@@ -110,9 +117,30 @@ class LegacyAdapter(AdapterBase):
                 "num_tokens_per_expert": num_per_expert.cpu(),
                 "num_tokens_per_rank": num_per_rank.cpu(),
                 "is_token_in_rank": in_rank.cpu(),
+                # the handle's channel prefix matrix: one column per channel (config.num_sms // 2)
+                "num_channels": int((handle[2] if len(handle) == 6 else handle[1]).shape[1]),
             },
         )
-        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w}
+        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w,
+                      "v1_num_sms": options.v1_num_sms}
+
+    @property
+    def config_ranks(self) -> int:
+        """The rank count the library's config tables are looked up for: the group's on one node; on several, eight
+        NVLink ranks per RDMA rank (the tables' internode rows are written for full 8-GPU nodes)."""
+        rdma_ranks = int(self.buffer.runtime.get_num_rdma_ranks())
+        return 8 * rdma_ranks if rdma_ranks > 1 else int(self.group.size())
+
+    def table_config(self, kind: str, num_sms: int) -> Any:
+        """The library's ``get_dispatch_config`` / ``get_combine_config`` entry (``kind``) for this world, built
+        with ``num_sms`` SMs: ``Buffer.set_num_sms(num_sms)``, the lookup, then the previous SM count back."""
+        cls = self.module.Buffer
+        previous = cls.num_sms
+        cls.set_num_sms(num_sms)
+        try:
+            return getattr(cls, f"get_{kind}_config")(self.config_ranks)
+        finally:
+            cls.set_num_sms(previous)
 
     def combine(
         self,
@@ -122,17 +150,20 @@ class LegacyAdapter(AdapterBase):
         bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
         async_finish: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``Buffer.combine`` of expert outputs ``x`` (rows as received) back to their source ranks."""
+        """``Buffer.combine`` of expert outputs ``x`` (rows as received) back to their source ranks (with the table's
+        combine config of the dispatch's SM count where the dispatch had an explicit config)."""
+        config = {"config": self.table_config("combine", raw["v1_num_sms"])} if raw.get("v1_num_sms") else {}
         combined_x, combined_w, event = self.buffer.combine(
-            x, raw["handle"], topk_weights=topk_weights, bias=bias, async_finish=async_finish
+            x, raw["handle"], topk_weights=topk_weights, bias=bias, async_finish=async_finish, **config
         )
         if async_finish:
             event.current_stream_wait()
         return combined_x, combined_w
 
     def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
-        """``Buffer.dispatch(x, handle=handle)``: same layout, new payload."""
-        return self.buffer.dispatch(x, handle=raw["handle"])[0]
+        """``Buffer.dispatch(x, handle=handle)``: same layout, new payload (the dispatch's config, if it had one)."""
+        config = {"config": self.table_config("dispatch", raw["v1_num_sms"])} if raw.get("v1_num_sms") else {}
+        return self.buffer.dispatch(x, handle=raw["handle"], **config)[0]
 
     def describe_combine(self, example: Example, rank: int) -> str:
         """The combine call, as failure messages show it."""

@@ -47,7 +47,7 @@ class ExampleCase:
 
 @dataclass(frozen=True)
 class CombineCase(ExampleCase):
-    """How P5 calls combine: ``num_bias`` bias tensors (0, 1 or 2) and the comparison mode.
+    """How P5 calls combine: ``num_bias`` bias tensors (0, 1 or 2), the comparison mode, and V1's configs.
 
     ``exact``: small-integer payloads and biases, every sum exactly representable -> byte-exact.
     ``bounded``: random payloads -> within the derived float32-accumulation bound (``oracle.bounds``).
@@ -56,6 +56,9 @@ class CombineCase(ExampleCase):
     MODES: ClassVar[tuple[str, ...]] = ("exact", "bounded")
     num_bias: int = 0
     mode: str = "exact"
+    #: V1: dispatch and combine with explicit configs, the library's table entries built with this SM count (even,
+    #: at least 4: the internode kernels need two channels); 0: the default configs (20 SMs)
+    v1_num_sms: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` unless the case is valid."""
@@ -68,27 +71,54 @@ class CombineCase(ExampleCase):
             raise ValueError("mode 'exact' needs payload='integers' (exactly summable values)")
         if self.example.payload == "special":
             raise ValueError("combine sums payloads: NaN/Inf payloads have no meaningful sum to compare")
+        if self.v1_num_sms and (self.v1_num_sms < 4 or self.v1_num_sms % 2 or self.v1_num_sms > 132):
+            raise ValueError(f"v1_num_sms={self.v1_num_sms} must be 0 or an even count in 4..132")
 
 
 @dataclass(frozen=True)
 class BufferOptionsCase(CombineCase):
     """How P21 builds the V2 buffers and calls combine: the constructor's ``prefer_overlap_with_compute`` (every case
     runs both ``allow_multiple_reduction`` values, each with a plain and an expand-mode dispatch and combine), and
-    P5's ``num_bias`` / ``mode``."""
+    P5's ``num_bias`` / ``mode``.  ``size_tokens`` / ``size_hidden`` / ``size_topk``: a second, production-sized
+    shape ``get_buffer_size_hint`` is asked about (the example's own fits in the 2 MiB alignment)."""
 
     prefer_overlap_with_compute: bool = True
+    size_tokens: int = 4096
+    size_hidden: int = 7168
+    size_topk: int = 8
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the case is valid."""
+        super().validate()
+        if self.size_tokens < 1 or self.size_hidden < 32 or self.size_hidden % 32 or not 0 <= self.size_topk <= 32:
+            raise ValueError(f"the sizing shape needs tokens >= 1, hidden a positive multiple of 32 and top-k in "
+                             f"0..32 (0: sized for 32): {self}")
 
 
 @dataclass(frozen=True)
 class QpCase(ExampleCase):
     """How P11 calls V2: the dispatch SM count (0 = automatic; combine then passes ``num_sms=0``), how many QPs
     above ``num_allocated_qps`` the over-asking dispatch requests, how many tokens above the pinned maximum
-    the offending rank sends, and which rank offends (it also disagrees in the preflight)."""
+    the offending rank sends, and which rank offends (it also disagrees in the preflight).
+
+    The explicit buffer: ``ElasticBuffer(num_bytes=hint + extra_bytes + num_cpu_bytes, num_cpu_bytes=...,
+    num_allocated_qps=num_allocated_qps)`` (sizes in bytes, multiples of 2 MiB).  The bandwidths (GB/s) are
+    passed to ``get_theoretical_num_sms``."""
 
     num_sms: int = 0
     over_qps: int = 1
     over_tokens: int = 1
     offender: int = 0
+    num_allocated_qps: int = 1
+    extra_bytes: int = 0
+    num_cpu_bytes: int = 0
+    rdma_gbs: float = 50.0
+    nvlink_gbs: float = 450.0
+    sm_read_gbs: float = 200.0
+    sm_write_gbs: float = 50.0
+
+    #: ``symmetric::kNumAlignmentBytes``: explicit buffer sizes are multiples of it (csrc/elastic/buffer.hpp:98).
+    ALIGNMENT: ClassVar[int] = 2 * 1024 * 1024
 
     def validate(self) -> None:
         """Raise ``ValueError`` unless the case is valid."""
@@ -97,6 +127,12 @@ class QpCase(ExampleCase):
             raise ValueError(f"num_sms={self.num_sms} must be 0 or a positive even count")
         if self.over_qps < 1 or self.over_tokens < 1 or not 0 <= self.offender < self.world_size:
             raise ValueError(f"over_qps/over_tokens must be >= 1 and offender a rank: {self}")
+        if self.num_allocated_qps < 1:
+            raise ValueError(f"num_allocated_qps={self.num_allocated_qps} must be an explicit count (>= 1)")
+        if any(b < 0 or b % self.ALIGNMENT for b in (self.extra_bytes, self.num_cpu_bytes)):
+            raise ValueError(f"extra_bytes / num_cpu_bytes must be non-negative multiples of 2 MiB: {self}")
+        if min(self.rdma_gbs, self.nvlink_gbs, self.sm_read_gbs, self.sm_write_gbs) <= 0:
+            raise ValueError(f"bandwidths must be positive (0 asks the hardware): {self}")
 
 
 def p12_rows() -> dict[str, dict[str, Any]]:

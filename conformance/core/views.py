@@ -23,6 +23,9 @@ class DispatchOptions:
     #: V2 buffer options (capability ``buffer_options``): the buffer the call runs on is built with them
     allow_multiple_reduction: bool = True
     prefer_overlap_with_compute: bool = True
+    #: V1 only: dispatch (and combine through its handle) with an explicit ``config``, the library's own table entry
+    #: for this world built with this SM count (``Buffer.set_num_sms`` then ``get_dispatch_config``); 0: no config
+    v1_num_sms: int = 0
 
     def non_default(self) -> dict[str, bool]:
         """The V2 dispatch and buffer options that differ from the library's defaults (for call descriptions)."""

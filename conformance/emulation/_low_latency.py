@@ -16,7 +16,7 @@ import torch
 from . import _checks, _comm, _exchange, _ll_buffer, _refusals, _sizing
 from ._ll_buffer import LowLatencyBuffer, barrier, fits, layout, preflight_masks
 from ._refusals import check, refuse
-from .utils.event import EventHandle, EventOverlap
+from .utils.event import EventHandle, EventOverlap, defer
 
 #: ``SWITCH_HIDDEN`` of the low-latency launchers (internode_ll.cu:552 and :1236).
 SUPPORTED_HIDDEN = (2048, 2560, 3072, 4096, 5120, 6144, 7168, 8192)
@@ -131,6 +131,20 @@ def logfmt_roundtrip(x: torch.Tensor) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------ the Buffer side
+
+def _deliver(receive: Callable[[], None], return_recv_hook: bool, async_finish: bool,
+             device: torch.device) -> EventOverlap:
+    """The receive phase of a low-latency call: left to the hook (``return_recv_hook``); with ``async_finish`` on CPU,
+    deferred work the returned event covers (the kernel still running on the communication stream: the outputs are
+    unwritten until the event is waited on, see DIVERGENCES.md); otherwise done now."""
+    if return_recv_hook:
+        return EventOverlap(None)
+    if async_finish and device.type == "cpu":
+        defer(receive)
+        return EventOverlap(EventHandle(device))
+    receive()
+    return EventOverlap(EventHandle(device) if async_finish else None)
+
 class LowLatencyMixin:
     """``Buffer.low_latency_dispatch`` / ``low_latency_combine`` / ``get_next_low_latency_combine_buffer`` /
     ``clean_low_latency_buffer`` and the shrink-mode mask calls (deep_ep/buffers/legacy.py:538-712,
@@ -403,11 +417,9 @@ class LowLatencyMixin:
                     out.copy_(value)
 
         hook = receive if return_recv_hook else None
-        if not return_recv_hook:
-            receive()
+        event = _deliver(receive, return_recv_hook, async_finish, device)
         recv_x_out = (outputs[0], outputs[1]) if use_fp8 else outputs[0]
         handle = (outputs[3], outputs[4], t_max, hidden, num_experts)
-        event = EventOverlap(EventHandle(device) if async_finish else None)
         return recv_x_out, outputs[2], handle, event, hook
 
     def low_latency_combine(
@@ -511,9 +523,7 @@ class LowLatencyMixin:
                                    stale.to(device)).to(torch.bfloat16))
 
         hook = receive if return_recv_hook else None
-        if not return_recv_hook:
-            receive()
-        return combined, EventOverlap(EventHandle(device) if async_finish else None), hook
+        return combined, _deliver(receive, return_recv_hook, async_finish, device), hook
 
     def get_next_low_latency_combine_buffer(self, handle: object) -> torch.Tensor:
         """The bf16 ``[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]`` rows of the send

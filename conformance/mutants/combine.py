@@ -1,9 +1,11 @@
-"""Mutants of the combine side (reduction, combined weights, cached dispatch, autograd wrappers) and of payload
-bytes (NaN canonicalisation, -0.0 flushing), each as narrow as the library or wrapper bug it models."""
+"""Mutants of the combine side (reduction, combined weights, cached dispatch, autograd wrappers, V1's explicit
+configs) and of payload bytes (NaN canonicalisation, -0.0 flushing), each as narrow as the library or wrapper bug it
+models."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 from unittest import mock
 
 import torch
@@ -12,6 +14,8 @@ from conformance.backends import autograd
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
 from conformance.emulation import _exchange, _route
+from conformance.emulation.legacy import Buffer
+from conformance.mutants.patching import rebinding
 from conformance.mutants.registry import register
 
 _combine_reduce = _route.combine_reduce
@@ -204,4 +208,15 @@ def hybrid_reduction_rounds_once() -> Iterator[None]:
         return _combine_reduce(num_tokens, hidden, flat, bias, out_dtype, device)
 
     with mock.patch.object(_route, "combine_reduce_two_level", patched):
+        yield
+
+
+@register("v1-explicit-config-ignored", "harmful",
+          "V1 Buffer.dispatch and combine ignore an explicit config and run with the default one (20 SMs): the "
+          "bytes are right, the handle has the default channel count instead of the config's (P5)")
+def v1_explicit_config_ignored() -> Iterator[None]:
+    def default_config(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["config"] = None
+
+    with rebinding(Buffer, "dispatch", default_config), rebinding(Buffer, "combine", default_config):
         yield

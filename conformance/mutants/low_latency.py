@@ -13,6 +13,7 @@ from conformance.emulation import _ll_buffer, _low_latency
 from conformance.emulation._ll_buffer import LowLatencyBuffer
 from conformance.emulation._low_latency import LowLatencyMixin
 from conformance.emulation.legacy import Buffer
+from conformance.emulation.utils.event import EventHandle, EventOverlap, defer
 from conformance.mutants.patching import wrap_method
 from conformance.mutants.registry import register
 
@@ -27,11 +28,20 @@ def _patch_function(name: str, replacement: Any) -> Iterator[None]:
         setattr(_low_latency, name, original)
 
 
+def _receive_deferred(event: Any) -> bool:
+    """Whether ``event`` (an ``EventOverlap``) covers CPU work not yet run: an async low-latency call's receive."""
+    handle = getattr(event, "event", None)
+    return isinstance(handle, EventHandle) and handle._cuda_event is None and not handle.query()
+
+
 def _after_receive(out: tuple, action: Callable[[], None]) -> tuple:
-    """What a low-latency call returned (its hook last), with ``action`` run after its receive phase: now, or when
-    the caller runs the hook."""
-    hook = out[-1]
+    """What a low-latency call returned (its event and hook last), with ``action`` run after its receive phase:
+    now, when the caller runs the hook, or (``async_finish`` on CPU) when the caller waits on the event."""
+    hook, event = out[-1], out[-2]
     if hook is None:
+        if _receive_deferred(event):  # async_finish on CPU: the receive runs when the event is waited on
+            defer(action)
+            return out[:-2] + (EventOverlap(EventHandle(torch.device("cpu"))), None)
         action()
         return out
 
@@ -344,4 +354,21 @@ def ll_reverse_source_order() -> Iterator[None]:
         return _after_receive(out, reorder)
 
     with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+        yield
+
+
+@register("ll-async-event-before-receive", "harmful",
+          "low-latency dispatch/combine with async_finish=True record their event before the receive phase is "
+          "queued: waiting on it leaves the outputs unwritten (P15, P16)")
+def ll_async_event_before_receive() -> Iterator[None]:
+    def replacement(original: Any) -> Any:
+        def deliver(receive: Any, return_recv_hook: bool, async_finish: bool, device: torch.device) -> Any:
+            if async_finish and not return_recv_hook and device.type == "cpu":
+                event = EventOverlap(EventHandle(device))  # recorded too early
+                defer(receive)
+                return event
+            return original(receive, return_recv_hook, async_finish, device)
+        return deliver
+
+    with _patch_function("_deliver", replacement):
         yield

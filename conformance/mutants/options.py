@@ -1,7 +1,8 @@
 """Mutants of the V2 options (P20 dispatch options, P21 buffer options, P22 ``previous_event_before_epilogue``):
 a handle that keeps the caller's ``topk_idx`` although a copy was asked for, padding left unzeroed, statistics
 overwritten instead of added, a buffer whose combine ignores ``allow_multiple_reduction`` (either way), an epilogue
-that does not wait for its event; and one benign change: ``prefer_overlap_with_compute=False`` taking every SM (a
+that does not wait for its event, a size hint that sizes the bf16 combine in FP8 or ignores ``allow_hybrid_mode``; and
+one benign change: ``prefer_overlap_with_compute=False`` taking every SM (a
 different, valid schedule, the same bytes).
 
 Each sits where the real bug would: in the emulated ``ElasticBuffer`` (its dispatch, its combine, its SM model).
@@ -10,9 +11,11 @@ Each sits where the real bug would: in the emulated ``ElasticBuffer`` (its dispa
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from conformance.emulation import _sizing
 from conformance.emulation.elastic import ElasticBuffer
@@ -123,4 +126,41 @@ def overlap_off_uses_every_sm() -> Iterator[None]:
         return result if self.prefer_overlap_with_compute else _sizing.device_num_sms()
 
     with wrap_method(ElasticBuffer, "get_theoretical_num_sms", every_sm):
+        yield
+
+
+@register("fp8-hint-sizes-combine-in-fp8", "harmful",
+          "with use_fp8_dispatch the V2 buffer size takes one byte per element for the combine layout too (combine "
+          "stays bf16): get_buffer_size_hint and ElasticBuffer(use_fp8_dispatch=True) too small for a combine "
+          "(P18, P21)")
+def fp8_hint_sizes_combine_in_fp8() -> Iterator[None]:
+    original, token_bytes = _sizing.buffer_size_hint, _sizing.combine_token_bytes
+
+    def halved(hidden: int, num_topk: int, with_mbarrier: bool, row_id: str) -> int:
+        return token_bytes(hidden // 2 if row_id == "v2_init_hidden_tma" else hidden, num_topk, with_mbarrier, row_id)
+
+    def hint(num_max_tokens_per_rank: int, hidden: int, num_topk: int, use_fp8_dispatch: bool, *args: Any) -> int:
+        if not use_fp8_dispatch:
+            return original(num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, *args)
+        with mock.patch.object(_sizing, "combine_token_bytes", halved):  # the sizing formula only
+            return original(num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, *args)
+
+    with mock.patch.object(_sizing, "buffer_size_hint", hint):
+        yield
+
+
+@register("hint-ignores-allow-hybrid-mode", "harmful",
+          "ElasticBuffer.get_buffer_size_hint(allow_hybrid_mode=False) sizes for hybrid mode (the constructor is "
+          "right): on several nodes the direct-mode hint is wrong (P21)", min_nodes=2)
+def hint_ignores_allow_hybrid_mode() -> Iterator[None]:
+    original = ElasticBuffer.get_buffer_size_hint
+
+    @functools.wraps(original)
+    def hybrid(group: Any, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
+               use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
+               allow_multiple_reduction: bool = True) -> int:
+        return original(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, True,
+                        allow_multiple_reduction)
+
+    with mock.patch.object(ElasticBuffer, "get_buffer_size_hint", staticmethod(hybrid)):
         yield

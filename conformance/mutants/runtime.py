@@ -1,9 +1,12 @@
 """Mutants of the runtime contract (P10 events, P11 QP cap, P12 bad input, P14 API surface).
 
 Each patches the emulation the way a real library bug would behave: an event recorded too early, an
-ignored ``previous_event``, a context manager that forgets to wait, a QP check that clamps instead of
+ignored ``previous_event`` (also only by the layout, or only by the internode combine), a context manager that
+forgets to wait, an event kept although its release was asked for, a hook run before the wait, a barrier that
+does not wait, a QP check that clamps instead of
 refusing, an over-full batch silently truncated, a refusal that leaves stale rows behind, combine
-recomputing its SM count, a renamed keyword argument.
+recomputing its SM count, an explicit QP count or buffer size ignored, an SM-count argument dropped, a
+renamed keyword argument.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import conformance.emulation as emulation
 from conformance.emulation import Buffer, ElasticBuffer, legacy
 from conformance.emulation.utils import event as emulated_event
 from conformance.emulation.utils.event import EventHandle, EventOverlap
-from conformance.mutants.patching import rebinding
+from conformance.mutants.patching import rebinding, wrap_method
 from conformance.mutants.registry import register
 
 
@@ -55,6 +58,85 @@ def event_overlap_exit_no_wait() -> Iterator[None]:
         self._release_handle_by_call = False
 
     with mock.patch.object(EventOverlap, "__exit__", exit_without_wait):
+        yield
+
+
+@register("release-handle-ignored", "harmful",
+          "EventOverlap.current_stream_wait(release_handle=True) keeps its event (the tensors recorded in it stay "
+          "alive; also through `with event(release_handle=True):`)")
+def release_handle_ignored() -> Iterator[None]:
+    original = EventOverlap.current_stream_wait
+
+    @functools.wraps(original)
+    def keep(self: EventOverlap, release_handle: bool = False) -> Any:
+        return original(self, False)
+
+    with mock.patch.object(EventOverlap, "current_stream_wait", keep):
+        yield
+
+
+@register("event-call-drops-release-handle", "harmful",
+          "EventOverlap.__call__(release_handle=True) returns the overlap without configuring the release: `with "
+          "event(release_handle=True):` keeps the event")
+def event_call_drops_release_handle() -> Iterator[None]:
+    def call(self: EventOverlap, release_handle: bool = False) -> EventOverlap:
+        return self
+
+    with mock.patch.object(EventOverlap, "__call__", call):
+        yield
+
+
+@register("hook-before-event-wait", "harmful",
+          "EventOverlap.current_stream_wait runs the hook registered by register_hook_after_wait before it waits "
+          "on the event (the hook sees an async call's outputs unwritten)")
+def hook_before_event_wait() -> Iterator[None]:
+    original = EventOverlap.current_stream_wait
+
+    @functools.wraps(original)
+    def hook_first(self: EventOverlap, release_handle: bool = False) -> Any:
+        if self.hook_after_wait is not None:
+            hook, self.hook_after_wait = self.hook_after_wait, None
+            hook()
+        return original(self, release_handle)
+
+    with mock.patch.object(EventOverlap, "current_stream_wait", hook_first):
+        yield
+
+
+@register("layout-ignores-previous-event", "harmful",
+          "V1 get_dispatch_layout does not wait for previous_event (it reads a topk_idx a compute is still writing)")
+def layout_ignores_previous_event() -> Iterator[None]:
+    with _not_waiting_previous_event(Buffer, "get_dispatch_layout"):
+        yield
+
+
+def _not_waiting_previous_event(cls: type, name: str) -> Any:
+    """``cls.name`` runs with V1's wait on ``previous_event`` skipped (its argument checks still see the event)."""
+    def skip(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None):
+            return original(self, *args, **kwargs)
+
+    return wrap_method(cls, name, skip)
+
+
+@register("internode-combine-ignores-previous-event", "harmful",
+          "V1 internode_combine does not wait for previous_event (the argument checks still see it): a combine on "
+          "several nodes reads expert outputs a compute is still writing", min_nodes=2)
+def internode_combine_ignores_previous_event() -> Iterator[None]:
+    with _not_waiting_previous_event(Buffer, "internode_combine"):
+        yield
+
+
+@register("barrier-returns-early-unless-sequential", "harmful",
+          "ElasticBuffer.barrier(sequential=False) returns before the peers have entered it (the parallel "
+          "scale-out/scale-up barriers do not wait)")
+def barrier_returns_early_unless_sequential() -> Iterator[None]:
+    def barrier(original: Any, self: Any, use_comm_stream: bool = True, with_cpu_sync: bool = False,
+                sequential: bool = True) -> None:
+        if sequential:
+            original(self, use_comm_stream, with_cpu_sync, sequential)
+
+    with wrap_method(ElasticBuffer, "barrier", barrier):
         yield
 
 
@@ -118,6 +200,37 @@ def combine_ignores_handle_num_sms() -> Iterator[None]:
             arguments["num_sms"] = self.get_theoretical_num_sms(handle.num_experts, handle.topk_idx.shape[1])
 
     with rebinding(ElasticBuffer, "combine", recompute):
+        yield
+
+
+@register("explicit-qp-count-ignored", "harmful",
+          "ElasticBuffer(num_allocated_qps=N) allocates the automatic QP count instead of the N asked for")
+def explicit_qp_count_ignored() -> Iterator[None]:
+    def automatic(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["num_allocated_qps"] = 0
+
+    with rebinding(ElasticBuffer, "__init__", automatic):
+        yield
+
+
+@register("explicit-num-bytes-ignored", "harmful",
+          "ElasticBuffer(num_bytes=N) (without CPU bytes) sizes the buffer from the MoE settings instead of N")
+def explicit_num_bytes_ignored() -> Iterator[None]:
+    def from_settings(self: Any, arguments: dict[str, Any]) -> None:
+        if arguments["num_cpu_bytes"] == 0:
+            arguments["num_bytes"] = None
+
+    with rebinding(ElasticBuffer, "__init__", from_settings):
+        yield
+
+
+@register("theoretical-sms-ignores-write-bandwidth", "harmful",
+          "ElasticBuffer.get_theoretical_num_sms drops its sm_write_gbs argument (the default 50 GB/s is used)")
+def theoretical_sms_ignores_write_bandwidth() -> Iterator[None]:
+    def default_write(self: Any, arguments: dict[str, Any]) -> None:
+        arguments["sm_write_gbs"] = 50
+
+    with rebinding(ElasticBuffer, "get_theoretical_num_sms", default_write):
         yield
 
 

@@ -2,14 +2,23 @@
 
 The expert on rank ``d`` returns every received row as ``bf16(row * (1 + d))`` and every received weight
 as the float32 ``weight * (1 + d)``, so each receiving rank contributes something different and a lost,
-doubled or misplaced contribution changes the result.
+doubled or misplaced contribution changes the result.  V1 dispatches and combines with its default configs, or
+with explicit ones: the library's table entries for the world built with a drawn SM count (``Buffer.set_num_sms``
+then ``get_dispatch_config`` / ``get_combine_config``); the dispatch handle has one channel per two SMs of its
+config.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_bytes_equal, assert_close_across, assert_reduction, for_each_backend
+from conformance.assertions import (
+    assert_bytes_equal,
+    assert_close_across,
+    assert_reduction,
+    assert_value_equal,
+    for_each_backend,
+)
 from conformance.core.cases import CombineCase
 from conformance.core.example import build_all_inputs, build_biases
 from conformance.oracle.reduction import expected_combined_weights, expected_scaled_combine, scaled_weight
@@ -17,6 +26,9 @@ from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.combine import combine_cases
 from conformance.tasks.combine import CombineResult, combine_outputs
+
+#: ``Buffer.num_sms``, the SM count of V1's default configs (deep_ep/buffers/legacy.py:31).
+DEFAULT_V1_NUM_SMS = 20
 
 
 def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) -> None:
@@ -37,6 +49,11 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
         own = inputs[rank].topk_weights
         weights = expected_combined_weights(
             example, inputs, rank, lambda dst, token, slot, w=own: scaled_weight(w[token, slot], dst))
+        if result.num_channels is not None:
+            assert_value_equal("channels of the dispatch handle", result.num_channels,
+                               (case.v1_num_sms or DEFAULT_V1_NUM_SMS) // 2, call=result.call,
+                               why=f"config num_sms={case.v1_num_sms or DEFAULT_V1_NUM_SMS} // 2, one per channel "
+                                   f"(csrc/legacy/buffer.hpp:437, 900)")
         assert_reduction(result.combined_x, expected[rank], ranks_per_group=result.reduction_group,
                          world_size=example.world_size, two_level=two_level, name="combined_x", rank=rank,
                          call=result.call, require_determined=case.mode == "exact")

@@ -1,16 +1,19 @@
-"""P11 QP cap: the automatic cap, the theoretical QP count under it, over-asking refused before any
-communication, combine reusing the dispatch's SM count, and the pinned ``num_max_tokens_per_rank``."""
+"""P11 QP cap: the automatic cap and an explicit one (``num_allocated_qps``, with an explicit ``num_bytes`` /
+``num_cpu_bytes``), the theoretical QP and SM counts (the library's formulas, deep_ep/buffers/elastic.py:729-853,
+for drawn bandwidths), over-asking refused before any communication, combine reusing the dispatch's SM count, and
+the pinned ``num_max_tokens_per_rank``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, per_backend
+from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, assert_value_equal, per_backend
 from conformance.core.cases import QpCase
 from conformance.oracle.recorded import recorded_errors
+from conformance.oracle.schedule import CPU_DEVICE_SMS, expected_num_qps, expected_num_sms
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
-from conformance.strategies.calls import qp_cases
+from conformance.strategies.calls import BANDWIDTHS, qp_cases
 from conformance.tasks.qp import qp_results
 
 #: The automatic caps (``num_allocated_qps=0``): 129 in hybrid mode (recorded on DeepEP 2.1.0, H200;
@@ -29,32 +32,60 @@ def expected_preflight(case: QpCase) -> dict[int, list[int]] | None:
     return {pinned: others, pinned + 1: [case.offender]} if others else None
 
 
-def _check_caps(got: dict, backend: str, rank: int) -> None:
+def _check_schedule(caps: dict[str, Any], case: QpCase, shape: Any, device_sms: int, call: str) -> None:
+    """One buffer's theoretical QP counts (every even SM count) and SM count (the case's experts and bandwidths)
+    against the oracle of the library's formulas, for its cap and its ``allow_hybrid_mode``."""
     __tracebackhide__ = True
+    hybrid, cap = caps["allow_hybrid_mode"], caps["num_allocated_qps"]
+    for num_sms, qps in caps["theoretical"].items():
+        expected = expected_num_qps(num_sms, allow_hybrid_mode=hybrid, num_allocated_qps=cap)
+        assert_value_equal(f"get_theoretical_num_qps(num_sms={num_sms})", qps, expected, call=call,
+                           why=f"{'16 per SM + 1' if hybrid else 'at most 9'}, capped by num_allocated_qps={cap}")
+    example, bandwidths = case.example, {name: getattr(case, name) for name in BANDWIDTHS}
+    expected = expected_num_sms(example.num_experts, example.num_topk, num_nodes=shape.nodes,
+                                ranks_per_node=shape.ranks_per_node, allow_hybrid_mode=hybrid,
+                                prefer_overlap_with_compute=True, device_sms=device_sms, **bandwidths)
+    given = ", ".join(f"{name}={value:g}" for name, value in bandwidths.items())
+    assert_value_equal(f"get_theoretical_num_sms({example.num_experts}, {example.num_topk}, {given})",
+                       caps["theoretical_sms"], expected, call=call,
+                       why=f"the library's bandwidth model on {shape.nodes} node(s) of {shape.ranks_per_node} ranks, "
+                           f"{device_sms} device SMs")
+
+
+def _check_caps(got: dict, case: QpCase, shape: Any, backend: str, rank: int) -> None:
+    """The automatic caps (hybrid and direct), the explicit buffer's cap and size, and every buffer's schedule."""
+    __tracebackhide__ = True
+    device_sms = got["device_sms"] or CPU_DEVICE_SMS
     for mode, allowed in (("hybrid", (AUTO_QPS_HYBRID, AUTO_QPS_HYBRID_FAST_ATOMICS)), ("direct", (AUTO_QPS_DIRECT,))):
         cap = got[mode]["num_allocated_qps"]
         call = f"{backend} ElasticBuffer(num_allocated_qps=0, allow_hybrid_mode={mode == 'hybrid'}) on rank {rank}"
         if cap not in allowed:
             raise AssertionError(f"num_allocated_qps = {cap}, expected the automatic cap {allowed[0]} [{call}]")
-        for num_sms, qps in got[mode]["theoretical"].items():
-            if not 1 <= qps <= cap:
-                raise AssertionError(
-                    f"get_theoretical_num_qps(num_sms={num_sms}) = {qps}, expected within 1..{cap} "
-                    f"(num_allocated_qps) [{call}]"
-                )
+        _check_schedule(got[mode], case, shape, device_sms, call)
+    explicit = got["explicit"]
+    call = (f"{backend} ElasticBuffer(num_bytes={got['explicit_num_bytes']}, num_cpu_bytes={case.num_cpu_bytes}, "
+            f"num_allocated_qps={case.num_allocated_qps}) on rank {rank}")
+    assert_value_equal("num_allocated_qps", explicit["num_allocated_qps"], case.num_allocated_qps, call=call,
+                       why="the count asked for")
+    assert_value_equal("num_bytes", explicit["num_bytes"], got["explicit_num_bytes"], call=call,
+                       why="the size asked for")
+    _check_schedule(explicit, case, shape, device_sms, call)
 
 
 def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> None:
-    """Automatic caps (129 hybrid / 17 direct) bound every theoretical QP count (even SM counts 2..132);
-    over-asking QPs raises 'Allocated QPs are not enough' on every rank before any collective and the next
-    dispatch is correct; combine with ``num_sms=0`` uses the handle's SM count (same bytes as passing it);
+    """Automatic caps (129 hybrid / 17 direct), an explicit ``num_allocated_qps`` and ``num_bytes`` (with
+    ``num_cpu_bytes``) kept as asked; every theoretical QP count (even SM counts 2..132) and the theoretical SM
+    count for drawn bandwidths equal the oracle of the library's formulas; over-asking the explicit cap raises
+    'Allocated QPs are not enough' on every rank before any collective, and a dispatch / combine asking exactly
+    the cap returns the oracle's rows / the automatic combine's bytes; combine with ``num_sms=0`` uses the
+    handle's SM count (same bytes as passing it);
     too many tokens are refused on every rank and the next dispatch is correct; the preflight names the
     ranks that disagree on ``num_max_tokens_per_rank``."""
     __tracebackhide__ = True
     example = case.example
     for backend, results in per_backend(ctx, per_rank):
         for rank, got in enumerate(results):
-            _check_caps(got, backend, rank)
+            _check_caps(got, case, ctx.shape, backend, rank)
             verdict = got["preflight_disagree"]
             expected_holders = expected_preflight(case)
             if (verdict and verdict[1]) != expected_holders:
@@ -67,7 +98,8 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
                 )
 
         over_type, over_message = recorded_errors()[OVER_QPS]
-        call = f"{backend} ElasticBuffer.dispatch(..., num_qps=num_allocated_qps + {case.over_qps})"
+        call = (f"{backend} ElasticBuffer.dispatch(..., num_qps=num_allocated_qps + {case.over_qps}) on "
+                f"ElasticBuffer(num_allocated_qps={case.num_allocated_qps})")
         assert_refused_then_usable(ctx, example, results, refused="over_qps", after="after_over_qps", call=call,
                                    what="the refused num_qps", expected_type=over_type, expected_message=over_message)
         for rank, got in enumerate(results):
@@ -90,9 +122,13 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
                     f"combine launched with num_sms={launch.get('num_sms')}, expected the dispatch handle's "
                     f"{got['handle_num_sms']} [{call}]"
                 )
+            capped = (f"{backend} ElasticBuffer.combine(x, handle, num_qps={case.num_allocated_qps}) on "
+                      f"ElasticBuffer(num_allocated_qps={case.num_allocated_qps}) on rank {rank}")
             for index, name in enumerate(("combined_x", "combined_topk_weights")):
                 assert_bytes_equal(got["combine_reused"][index], got["combine_explicit"][index], name=name,
                                    rank=rank, call=call, against=f"combine(num_sms={got['handle_num_sms']})")
+                assert_bytes_equal(got["combine_capped"][index], got["combine_reused"][index], name=name,
+                                   rank=rank, call=capped, against="the combine on the automatic buffer")
             if launch is None:
                 ctx.record_divergence(
                     f"{backend}:combine-num-sms-unobservable",
@@ -108,8 +144,9 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
 
 PROPERTY = register(Property(
     id="P11-qp-cap",
-    title="automatic QP cap, theoretical QPs within it, over-asking fails before communicating, combine num_sms=0 "
-          "reuses the handle, pinned num_max_tokens_per_rank (a preflight reports disagreeing ranks)",
+    title="automatic and explicit QP cap (num_allocated_qps, num_bytes), theoretical QP / SM counts = the library's "
+          "formulas, over-asking fails before communicating, combine num_sms=0 reuses the handle, pinned "
+          "num_max_tokens_per_rank (a preflight reports disagreeing ranks)",
     strategy=sized(qp_cases), task=qp_results, check=check, case_type=QpCase, apis=("v2",),
     needs=("qp_cap",),
 ))

@@ -2,7 +2,8 @@
 ``layout_range`` names, ``recv_count`` counts them, ``src_info`` names the oracle's tokens, and each row is the
 oracle's: bf16 bytes unchanged; with ``use_fp8`` the per-128-channel E4M3 cast (bytes and ``round_scale`` scales
 exact; without ``round_scale`` scales exact and each byte the oracle's or its E4M3 neighbour, a bound derived
-from a one-ulp float32 ``448 / amax``), ``use_ue8m0`` scales packed four exponents per int32, column-major."""
+from a one-ulp float32 ``448 / amax``), ``use_ue8m0`` scales packed four exponents per int32, column-major; one
+dispatch is made with ``async_finish=True`` and read after ``event.current_stream_wait()``."""
 
 from __future__ import annotations
 
@@ -125,7 +126,7 @@ PROPERTY = register(Property(
     id="P15-ll-dispatch",
     title="low-latency dispatch: per local expert, layout_range blocks, recv_count and src_info are the oracle's; "
           "rows are the source bytes (bf16) or the oracle's per-128-channel E4M3 cast with its scales (use_fp8, "
-          "round_scale, use_ue8m0 packed column-major)",
+          "round_scale, use_ue8m0 packed column-major; async_finish read after the event wait)",
     strategy=sized(ll_examples), task=low_latency_runs, check=check, apis=("v1",), needs=("low_latency",),
 ))
 test_ll_dispatch = PROPERTY.test

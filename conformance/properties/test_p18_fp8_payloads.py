@@ -1,7 +1,8 @@
 """P18 FP8 payloads: a normal-mode dispatch of ``(float8_e4m3fn x, float32 scales)`` delivers, for every token the
 oracle sends to a rank, its E4M3 bytes and its own scale row byte for byte (V1 ``Buffer.dispatch``; V2
 ``ElasticBuffer.dispatch`` row-major and with ``use_tma_aligned_col_major_sf``, whose scales are laid out
-``stride (1, align(rows, 4))``), so V1, V2 and the oracle agree per token."""
+``stride (1, align(rows, 4))``, on the buffer sized for bf16 and on one built with ``use_fp8_dispatch=True``, whose
+size is the library's formula for FP8 dispatches), so V1, V2 and the oracle agree per token."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import for_each_backend
+from conformance.assertions import assert_value_equal, for_each_backend
 from conformance.core.example import Example, build_all_inputs, fp8_payload
 from conformance.oracle import expected_received_tokens
+from conformance.oracle.buffer_size import expected_buffer_size
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.low_latency import fp8_examples
@@ -38,9 +40,22 @@ def check_rows(run: dict[str, Any], example: Example, rank: int, expected: list[
                                  f"row) [{call}]")
 
 
+def check_fp8_buffer(run: dict[str, Any], example: Example, shape: Any, call: str) -> None:
+    """A buffer built with ``use_fp8_dispatch=True`` is sized as the library's formula sizes FP8 dispatches (and
+    ``get_buffer_size_hint(use_fp8_dispatch=True)`` says the same); its rows were checked like the others'."""
+    __tracebackhide__ = True
+    expected = expected_buffer_size(example.num_max_tokens_per_rank, example.hidden, example.num_topk,
+                                    use_fp8_dispatch=True, allow_hybrid_mode=True, allow_multiple_reduction=True,
+                                    num_nodes=shape.nodes, ranks_per_node=shape.ranks_per_node)
+    why = "the library's formula for FP8 dispatches (csrc/elastic/buffer.hpp:652-680)"
+    assert_value_equal("num_bytes", run["num_bytes"], expected, call=call, why=why)
+    assert_value_equal("get_buffer_size_hint(use_fp8_dispatch=True)", run["size_hint"], expected, call=call, why=why)
+
+
 def call_of(backend: str, variant: str, example: Example, rank: int) -> str:
     cls = "Buffer" if backend.endswith("v1") else "ElasticBuffer"
     extra = {"plain": "", "col_major": ", use_tma_aligned_col_major_sf=True", "no_cpu_sync": ", do_cpu_sync=False",
+             "fp8_buffer": ") on ElasticBuffer(..., use_fp8_dispatch=True",
              "num_worst_tokens": f", num_worst_tokens={example.world_size * example.num_max_tokens_per_rank}"}
     return (f"{backend}: {cls}.dispatch((x[{example.tokens_per_rank[rank]},{example.hidden}] float8_e4m3fn, "
             f"scales float32){extra.get(variant, variant)}) on rank {rank}")
@@ -54,12 +69,14 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 
     def one(rank: int, backend: str, result: dict[str, Any]) -> None:
         expected = expected_received_tokens(example, inputs, rank)
-        for variant in ("plain", "col_major"):
+        for variant in ("plain", "col_major", "fp8_buffer"):
             if variant not in result:
                 continue
             run = result[variant]
             call = call_of(backend, variant, example, rank)
             check_rows(run, example, rank, expected, payloads, call)
+            if variant == "fp8_buffer":
+                check_fp8_buffer(run, example, ctx.shape, call)
             rows, packs = run["scales"].shape
             want = (1, -(-rows // 4) * 4 if rows else 1) if variant == "col_major" else (packs, 1)
             if rows > 1 and packs > 1 and run["scales_stride"] != want:
@@ -73,7 +90,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 PROPERTY = register(Property(
     id="P18-fp8-payloads",
     title="FP8 (x, scales) dispatch: each token's E4M3 bytes and its own scale row arrive byte for byte at the "
-          "oracle's ranks; V1, V2 row-major and V2 TMA column-major agree",
+          "oracle's ranks; V1, V2 row-major and V2 TMA column-major agree, on V2 buffers built with and without "
+          "use_fp8_dispatch",
     strategy=sized(fp8_examples), task=fp8_runs, check=check, needs=("fp8",),
 ))
 test_fp8_payloads = PROPERTY.test

@@ -9,19 +9,22 @@ never the bytes.  Every case runs both values of ``allow_multiple_reduction``, e
 dispatch and combine, on buffers built with the case's ``prefer_overlap_with_compute``.  The check: combine (P5's
 experts without expand; in expand mode each expert ``e`` returns its rows times ``33 + 2 e``) equals the oracle
 through the tree the options select, byte for byte wherever its float32 sums are exact, within the bound of that
-many roundings elsewhere; the backend's own statement of its tree (``reduction_group``, plain mode) agrees; and
+many roundings elsewhere; the backend's own statement of its tree (``reduction_group``, plain mode) agrees;
 ``get_buffer_size_hint`` with the same ``allow_multiple_reduction`` is the size the buffer was built with, never
 smaller without it (its combine layouts hold ``num_topk`` rows per token instead of ``min(num_ranks, num_topk)``,
-csrc/elastic/buffer.hpp:616-648).
+csrc/elastic/buffer.hpp:616-648); and every option of the hint (``use_fp8_dispatch``, ``allow_hybrid_mode``,
+``allow_multiple_reduction``), for the example's shape and a drawn production-sized one, equals the oracle of the
+library's formula (:mod:`conformance.oracle.buffer_size`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_bytes_equal, assert_tree, for_each_backend
+from conformance.assertions import assert_bytes_equal, assert_tree, assert_value_equal, for_each_backend
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, build_all_inputs, build_biases
+from conformance.oracle.buffer_size import expected_buffer_size
 from conformance.oracle.reduction import (
     ExpectedSum,
     expected_combined_weights,
@@ -76,23 +79,48 @@ def check_run(ctx: CheckContext, case: BufferOptionsCase, rank: int, backend: st
             f"expected {stated} (allow_multiple_reduction={amr} on {shape.nodes} node(s)): P5 and P9 would "
             f"predict the wrong tree [{result.call}]")
     if result.size_hints is None or result.num_bytes is None:
-        ctx.record_not_checked(backend, "get_buffer_size_hint against the buffer's num_bytes")
+        ctx.record_not_checked(backend, "get_buffer_size_hint against the buffer's num_bytes and the oracle")
         return
-    if result.size_hints[amr] != result.num_bytes:
+    hints = result.size_hints
+    if hints[("example", False, True, amr)] != result.num_bytes:
         raise AssertionError(
-            f"get_buffer_size_hint(allow_multiple_reduction={amr}) = {result.size_hints[amr]} on rank {rank}, "
-            f"expected the num_bytes {result.num_bytes} of the buffer built with the same settings [{result.call}]")
-    if result.size_hints[False] < result.size_hints[True]:
-        raise AssertionError(
-            f"get_buffer_size_hint is {result.size_hints[False]} without allow_multiple_reduction, "
-            f"{result.size_hints[True]} with it, expected at least as much (unreduced rows need more room) "
+            f"get_buffer_size_hint(allow_multiple_reduction={amr}) = {hints[('example', False, True, amr)]} on rank "
+            f"{rank}, expected the num_bytes {result.num_bytes} of the buffer built with the same settings "
             f"[{result.call}]")
+    if amr and do_expand is False:  # once per rank: the hints do not depend on the run
+        check_size_hints(case, hints, rank, backend, shape)
+
+
+def check_size_hints(case: BufferOptionsCase, hints: dict[tuple[str, bool, bool, bool], int], rank: int, backend: str,
+                     shape: Any) -> None:
+    """Every ``get_buffer_size_hint`` option, for the example's shape and the case's production-sized one, equals
+    the oracle of the library's formula (:func:`conformance.oracle.buffer_size.expected_buffer_size`), and is never
+    smaller without ``allow_multiple_reduction`` (unreduced rows need more room)."""
+    __tracebackhide__ = True
+    example = case.example
+    shapes = {"example": (example.num_max_tokens_per_rank, example.hidden, example.num_topk),
+              "sized": (case.size_tokens, case.size_hidden, case.size_topk)}
+    for (name, fp8, hybrid, amr), got in hints.items():
+        tokens, hidden, topk = shapes[name]
+        call = (f"{backend} ElasticBuffer.get_buffer_size_hint(group, {tokens}, {hidden}, {topk}, "
+                f"use_fp8_dispatch={fp8}, allow_hybrid_mode={hybrid}, allow_multiple_reduction={amr}) on rank {rank}")
+        expected = expected_buffer_size(tokens, hidden, topk, use_fp8_dispatch=fp8, allow_hybrid_mode=hybrid,
+                                        allow_multiple_reduction=amr, num_nodes=shape.nodes,
+                                        ranks_per_node=shape.ranks_per_node)
+        assert_value_equal("the size hint", got, expected, call=call,
+                           why=f"the larger of the dispatch and combine layouts, 2 MiB aligned, on {shape.nodes} "
+                               f"node(s) of {shape.ranks_per_node} ranks (csrc/elastic/buffer.hpp:586-680)")
+        if not amr and got < hints[(name, fp8, hybrid, True)]:
+            raise AssertionError(
+                f"get_buffer_size_hint is {got} without allow_multiple_reduction, {hints[(name, fp8, hybrid, True)]} "
+                f"with it, expected at least as much (unreduced rows need more room) [{call}]")
 
 
 PROPERTY = register(Property(
     id="P21-buffer-options",
     title="V2 buffer options: combine follows the reduction tree allow_multiple_reduction selects (per node / per "
-          "rank rounding or one), prefer_overlap_with_compute changes no byte, get_buffer_size_hint matches the buffer",
+          "rank rounding or one), prefer_overlap_with_compute changes no byte, get_buffer_size_hint (every option) "
+          "= the library's formula and the buffer's size",
     strategy=sized(buffer_option_cases), task=buffer_option_combine, check=check, case_type=BufferOptionsCase,
     apis=("v2",), needs=("buffer_options", "combine"),
 ))

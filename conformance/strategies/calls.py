@@ -22,6 +22,8 @@ SMALL_HIDDEN = (256, 256, 128)
 SMALL_MAX_TOKENS = (16, 64)
 #: Explicit dispatch SM counts (0 = automatic); all even and within an H200's 132 SMs.
 DISPATCH_NUM_SMS = (0, 4, 8, 16, 24, 32)
+#: The bandwidths P11 passes to ``get_theoretical_num_sms`` (GB/s, whole numbers from 1 to 1000).
+BANDWIDTHS = ("rdma_gbs", "nvlink_gbs", "sm_read_gbs", "sm_write_gbs")
 
 
 def small_examples(world_size: int) -> st.SearchStrategy[Example]:
@@ -39,6 +41,10 @@ def qp_cases(draw: st.DrawFn, world_size: int) -> QpCase:
         over_qps=draw(st.integers(1, 64), label="over_qps"),
         over_tokens=draw(st.integers(1, 8), label="over_tokens"),
         offender=draw(st.integers(0, world_size - 1), label="offender"),
+        num_allocated_qps=draw(st.integers(1, 129), label="num_allocated_qps"),
+        extra_bytes=QpCase.ALIGNMENT * draw(st.integers(0, 2), label="extra_bytes / 2 MiB"),
+        num_cpu_bytes=QpCase.ALIGNMENT * draw(st.integers(0, 1), label="num_cpu_bytes / 2 MiB"),
+        **{name: float(draw(st.integers(1, 1000), label=name)) for name in BANDWIDTHS},
     )
 
 

@@ -18,6 +18,9 @@ from conformance.strategies import examples
 COMBINE_HIDDEN = (256, 512, 256, 512, 128)
 #: Pinned maxima: small, so that examples stay cheap and empty/full ranks are likely.
 COMBINE_MAX_TOKENS = (16, 64)
+#: P5's V1 configs: the default ones (0), or the library's table entries built with one of these SM counts (the
+#: default 20 among them, spelled out; 4 is the fewest the internode kernels take, 132 an H200's SMs).
+V1_CONFIG_SMS = (0, 4, 8, 20, 24, 48, 132)
 
 
 def combine_examples(world_size: int, payloads: tuple[str, ...]) -> st.SearchStrategy:
@@ -27,11 +30,13 @@ def combine_examples(world_size: int, payloads: tuple[str, ...]) -> st.SearchStr
 
 @st.composite
 def combine_cases(draw: st.DrawFn, world_size: int) -> CombineCase:
-    """P5 cases: ``exact`` mode with integer payloads or ``bounded`` mode with random ones; 0, 1 or 2 biases."""
+    """P5 cases: ``exact`` mode with integer payloads or ``bounded`` mode with random ones; 0, 1 or 2 biases; V1's
+    default configs or the table's with another SM count."""
     mode = draw(st.sampled_from(("exact", "bounded")), label="mode")
     payload = "integers" if mode == "exact" else "random"
     example = draw(combine_examples(world_size, (payload,)), label="example")
-    case = CombineCase(example=example, num_bias=draw(st.integers(0, 2), label="num_bias"), mode=mode)
+    case = CombineCase(example=example, num_bias=draw(st.integers(0, 2), label="num_bias"), mode=mode,
+                       v1_num_sms=draw(st.sampled_from(V1_CONFIG_SMS), label="v1_num_sms"))
     case.validate()
     return case
 

@@ -7,7 +7,8 @@ properties are about options, and P20 makes seven calls per example, P21 and P22
 shared vocabulary's alignments (1, 2, 16, 128) with random counts give P20 expand layouts with and without padding
 rows for ``do_zero_padding``.  P21 draws ``prefer_overlap_with_compute``, the biases, and exact (integer) or bounded
 (random) payloads, like P5; every case runs both values of ``allow_multiple_reduction``, each with a plain and an
-expand-mode dispatch and combine (so every multi-slot token tells the trees apart).
+expand-mode dispatch and combine (so every multi-slot token tells the trees apart); and a production-sized shape
+(up to 8192 tokens, hidden up to 8192, top-k 0-32) for ``get_buffer_size_hint``, a host-side formula.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ def buffer_option_cases(draw: st.DrawFn, world_size: int) -> BufferOptionsCase:
         num_bias=draw(st.integers(0, 2), label="num_bias"),
         mode=mode,
         prefer_overlap_with_compute=draw(st.booleans(), label="prefer_overlap_with_compute"),
+        size_tokens=draw(st.integers(1, 8192), label="size_tokens"),
+        size_hidden=32 * draw(st.integers(1, 256), label="size_hidden / 32"),
+        size_topk=draw(st.integers(0, 32), label="size_topk"),
     )
     case.validate()
     return case

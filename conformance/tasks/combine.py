@@ -39,6 +39,7 @@ class CombineResult:
     combined_topk_weights: torch.Tensor | None  # [T, num_topk] float32
     not_checked: str | None = None  # a part the backend cannot take (e.g. no combine_weights): not passed
     reduction_group: int | None = None  # the backend's reduction tree (see reduction_group below); None: unknown
+    num_channels: int | None = None  # V1: the channels of the dispatch's handle (its config's num_sms // 2)
 
 
 @dataclass
@@ -81,36 +82,38 @@ def reduction_group(adapter: Any, raw: dict[str, Any]) -> int | None:
     return None if method is None else int(method(raw))
 
 
-def _dispatched(env: RankEnv) -> dict[str, Any]:
+def _dispatched(env: RankEnv, options: DispatchOptions = DispatchOptions()) -> dict[str, Any]:
     """Every backend's plain dispatch: ``(view, raw)`` (raw keeps the handle for the combine side)."""
     assert env.example is not None
-    return env.each_backend("dispatch", lambda adapter: adapter.dispatch(env.inputs, env.example, DispatchOptions(),
-                                                                          env.rank))
+    return env.each_backend("dispatch", lambda adapter: adapter.dispatch(env.inputs, env.example, options, env.rank))
 
 
 @rank_task
 def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
     """Dispatch, let the expert on this rank scale every received row and weight by ``1 + rank``
     (``bf16(row * (1 + rank))`` computed in float32; weights as float32 products), combine with the case's
-    ``num_bias`` bias tensors."""
+    ``num_bias`` bias tensors (V1: with the case's configs, see :attr:`CombineCase.v1_num_sms`)."""
     case: CombineCase = env.case
     example = case.example
     biases = [b.to(env.device) for b in build_biases(example, env.rank, case.num_bias)]
     scale = float(1 + env.rank)
 
     def then(adapter: Any, dispatched: tuple[DispatchView, dict[str, Any]]) -> CombineResult:
-        _, raw = dispatched
+        view, raw = dispatched
         expert_x = (raw["recv_x"].float() * scale).to(torch.bfloat16)
         expert_w = raw["recv_topk_weights"].float() * torch.tensor(scale, dtype=torch.float32, device=env.device)
         with_weights = adapter.spec.has("combine_weights")
         x, w = adapter.combine(raw, expert_x, topk_weights=expert_w if with_weights else None,
                                bias=bias_argument(biases))
-        return CombineResult(adapter.describe_combine(example, env.rank), x.cpu(), None if w is None else w.cpu(),
+        call = adapter.describe_combine(example, env.rank)
+        if raw.get("v1_num_sms"):
+            call += f" [config: the table's with num_sms={case.v1_num_sms}], after {view.call}"
+        return CombineResult(call, x.cpu(), None if w is None else w.cpu(),
                              None if with_weights else "combined_topk_weights: the backend does not declare the "
                              "capability 'combine_weights' (combine was called without topk_weights)",
-                             reduction_group(adapter, raw))
+                             reduction_group(adapter, raw), view.extras.get("num_channels"))
 
-    return env.then_each_backend(_dispatched(env), "combine", then)
+    return env.then_each_backend(_dispatched(env, DispatchOptions(v1_num_sms=case.v1_num_sms)), "combine", then)
 
 
 @rank_task

@@ -114,6 +114,22 @@ class RankEnv:
                                f"{spec.class_name}.{operation} with {limit.condition}")
 
 
+#: The mutant the previous task of this process ran with (``[name]``; the initial ``[None]``: none planted).
+_last_mutant: list[str | None] = [None]
+
+
+def _drop_buffers_built_under_another_mutant(settings: TaskSettings) -> None:
+    """When the planted mutant changes, the built-in adapters release the buffers they keep between tasks: a buffer
+    built while a mutant patched the constructor (its size, its QP cap) must not serve the next mutant's tasks, nor
+    the replay without a mutant that attributes a kill.  Every rank runs the same tasks, so they do it together."""
+    if settings.mutant == _last_mutant[0]:
+        return
+    _last_mutant[0] = settings.mutant
+    for spec in settings.backends:
+        if not spec.plugin:
+            get_adapter(spec).destroy()
+
+
 def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any]:
     """Make ``fn(env)`` a rank task: called on every rank as ``task(settings, case)``."""
 
@@ -121,6 +137,7 @@ def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any
     def task(settings: TaskSettings, case: Any) -> Any:
         for spec in settings.backends:
             trace_library(spec)  # before a mutant patches the classes
+        _drop_buffers_built_under_another_mutant(settings)
         env = RankEnv(settings, case, context())
         with activate(settings.mutant):
             return fn(env)

@@ -49,7 +49,8 @@ def clean_runs(env: RankEnv) -> dict[str, Any]:
 def fp8_runs(env: RankEnv) -> dict[str, Any]:
     """Per backend with ``fp8``: FP8 dispatches of :func:`~conformance.core.example.fp8_payload` keyed by the
     call's variant: V1 ``plain`` and (``worst_case``) ``num_worst_tokens``; V2 ``plain``, ``col_major``
-    (``use_tma_aligned_col_major_sf``) and (``worst_case``) ``no_cpu_sync`` (``do_cpu_sync=False``)."""
+    (``use_tma_aligned_col_major_sf``), ``fp8_buffer`` (on a buffer built with ``use_fp8_dispatch=True``, with
+    ``get_buffer_size_hint(use_fp8_dispatch=True)``) and (``worst_case``) ``no_cpu_sync`` (``do_cpu_sync=False``)."""
     assert env.example is not None
     x, scales = fp8_payload(env.example, env.rank)
     x, scales = x.to(env.device), scales.to(env.device)
@@ -72,6 +73,9 @@ def fp8_runs(env: RankEnv) -> dict[str, Any]:
             return out
         out = {"plain": adapter.fp8_dispatch(env.inputs, env.example, x, scales),
                "col_major": adapter.fp8_dispatch(env.inputs, env.example, x, scales, col_major=True)}
+        if hasattr(adapter, "size_hint"):  # a buffer built for FP8 dispatches, and the hint for it
+            out["fp8_buffer"] = adapter.fp8_dispatch(env.inputs, env.example, x, scales, fp8_buffer=True)
+            out["fp8_buffer"]["size_hint"] = adapter.size_hint(env.example, use_fp8_dispatch=True)
         if spec_has("worst_case"):
             out["no_cpu_sync"] = adapter.fp8_dispatch(env.inputs, env.example, x, scales, do_cpu_sync=False)
             out["no_cpu_sync"]["worst"] = worst

@@ -91,8 +91,27 @@ class BufferOptionsResult:
     combined_topk_weights: torch.Tensor | None  # non-expand mode with ``combine_weights`` only
     reduction_group: int | None  # what the backend says its tree is (``Backend.reduction_group``)
     num_bytes: int | None  # the buffer's size (built from the MoE settings)
-    size_hints: dict[bool, int] | None  # get_buffer_size_hint by allow_multiple_reduction (None: not offered)
+    #: get_buffer_size_hint by (shape, use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction), shape
+    #: "example" or "sized" (the case's size_* shape); None: the backend offers no hint
+    size_hints: dict[tuple[str, bool, bool, bool], int] | None
     num_sms: int | None
+
+
+#: Every option of ``get_buffer_size_hint``: (use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction).
+HINT_OPTIONS = tuple((fp8, hybrid, amr) for fp8 in (False, True) for hybrid in (True, False) for amr in (True, False))
+
+
+def size_hints(adapter: Any, case: BufferOptionsCase) -> dict[tuple[str, bool, bool, bool], int] | None:
+    """``get_buffer_size_hint`` of the example's shape and of the case's sizing shape, with every option (the
+    backend's ``shape_hint``; ``None`` where it has none)."""
+    if not hasattr(adapter, "shape_hint"):
+        return None
+    example = case.example
+    shapes = {"example": (example.num_max_tokens_per_rank, example.hidden, example.num_topk),
+              "sized": (case.size_tokens, case.size_hidden, case.size_topk)}
+    return {(name, fp8, hybrid, amr): adapter.shape_hint(*shape, use_fp8_dispatch=fp8, allow_hybrid_mode=hybrid,
+                                                         allow_multiple_reduction=amr)
+            for name, shape in shapes.items() for fp8, hybrid, amr in HINT_OPTIONS}
 
 
 def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_per_rank: int, do_expand: bool
@@ -124,7 +143,7 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
     example = case.example
     biases = [b.to(env.device) for b in build_biases(example, env.rank, case.num_bias)]
 
-    def one(adapter: Any, allow_multiple_reduction: bool, do_expand: bool) -> BufferOptionsResult:
+    def one(adapter: Any, allow_multiple_reduction: bool, do_expand: bool, hints: dict | None) -> BufferOptionsResult:
         options = DispatchOptions(do_expand=do_expand, allow_multiple_reduction=allow_multiple_reduction,
                                   prefer_overlap_with_compute=case.prefer_overlap_with_compute)
         view, raw = adapter.dispatch(env.inputs, example, options, env.rank)
@@ -132,15 +151,13 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
         with_weights = expert_w is not None and adapter.spec.has("combine_weights")
         x, w = adapter.combine(raw, expert_x, topk_weights=expert_w if with_weights else None,
                                bias=bias_argument(biases))
-        hints = None
-        if hasattr(adapter, "size_hint"):
-            hints = {flag: adapter.size_hint(example, allow_multiple_reduction=flag) for flag in (True, False)}
         return BufferOptionsResult(f"{view.call}, then {adapter.describe_combine(example, env.rank)}", x.cpu(),
                                    None if w is None else w.cpu(), reduction_group(adapter, raw),
                                    view.extras.get("num_bytes"), hints, view.extras.get("num_sms"))
 
     def run(adapter: Any) -> dict[tuple[bool, bool], BufferOptionsResult]:
-        return {(amr, expand): one(adapter, amr, expand) for amr in (True, False) for expand in (False, True)
+        hints = size_hints(adapter, case)
+        return {(amr, expand): one(adapter, amr, expand, hints) for amr in (True, False) for expand in (False, True)
                 if not expand or adapter.spec.has("expand")}
 
     return env.each_backend("combine", run, api="v2", capability="buffer_options")

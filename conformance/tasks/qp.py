@@ -54,9 +54,27 @@ def _direct_buffer(spec: BackendSpec) -> Any:
     return cached(("p11-direct-buffer", spec), build)
 
 
-def _caps(buffer: Any) -> dict[str, Any]:
-    return {"num_allocated_qps": buffer.num_allocated_qps,
-            "theoretical": {s: buffer.get_theoretical_num_qps(s) for s in SM_COUNTS}}
+def _caps(buffer: Any, case: QpCase) -> dict[str, Any]:
+    """The buffer's QP cap, its theoretical QP count for every even SM count, and its theoretical SM count for
+    the case's experts with the case's bandwidths (nothing detected on the machine)."""
+    example = case.example
+    bandwidths = {name: getattr(case, name) for name in ("rdma_gbs", "nvlink_gbs", "sm_read_gbs", "sm_write_gbs")}
+    return {"num_allocated_qps": buffer.num_allocated_qps, "num_bytes": int(buffer.num_bytes),
+            "allow_hybrid_mode": bool(buffer.allow_hybrid_mode),
+            "theoretical": {s: buffer.get_theoretical_num_qps(s) for s in SM_COUNTS},
+            "theoretical_sms": buffer.get_theoretical_num_sms(example.num_experts, example.num_topk, **bandwidths)}
+
+
+def _explicit_buffer(adapter: Any, case: QpCase) -> tuple[Any, int]:
+    """``ElasticBuffer(num_bytes=hint + extra + cpu, num_cpu_bytes=cpu, num_allocated_qps=...)`` for the example's
+    shape, and the ``num_bytes`` it was asked for (the caller destroys it)."""
+    example = case.example
+    num_bytes = adapter.size_hint(example) + case.extra_bytes + case.num_cpu_bytes
+    buffer = adapter.module.ElasticBuffer(
+        context().group, num_bytes=num_bytes, num_cpu_bytes=case.num_cpu_bytes,
+        num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden, num_topk=example.num_topk,
+        num_allocated_qps=case.num_allocated_qps, explicitly_destroy=True)
+    return buffer, num_bytes
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
@@ -71,8 +89,9 @@ def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
 
 @rank_task
 def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
-    """Per V2 backend: QP caps, the preflight verdicts, the over-asking refusal and the dispatch after it,
-    SM reuse by combine, and the too-many-tokens refusal and the dispatch after it."""
+    """Per V2 backend: QP caps and theoretical SM counts (automatic caps, hybrid and direct; an explicit buffer),
+    the preflight verdicts, on the explicit buffer the over-asking refusal and the dispatch (and combine) asking
+    exactly its cap after it, SM reuse by combine, and the too-many-tokens refusal and the dispatch after it."""
     ctx, device, inputs = env.ctx, env.device, env.inputs
     case: QpCase = env.case
     example = case.example
@@ -80,7 +99,9 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
     for spec in env.specs(api="v2", capability="qp_cap"):
         name, adapter = spec.name, get_adapter(spec)
         buffer = adapter.buffer(example)
-        got: dict[str, Any] = {"hybrid": _caps(buffer), "direct": _caps(_direct_buffer(spec))}
+        got: dict[str, Any] = {"hybrid": _caps(buffer, case), "direct": _caps(_direct_buffer(spec), case),
+                               "device_sms": (torch.cuda.get_device_properties(device).multi_processor_count
+                                              if device.type == "cuda" else None)}
 
         # Preflight: disagreeing ranks are reported (on every rank); agreeing ranks pass.
         disagreeing = example.num_max_tokens_per_rank + (1 if ctx.rank == case.offender else 0)
@@ -94,10 +115,23 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
         common = {"topk_idx": inputs.topk_idx, "topk_weights": inputs.topk_weights,
                   "num_experts": example.num_experts, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
                   "expert_alignment": example.expert_alignment}
-        got["over_qps"], got["over_qps_collectives"] = _call(
-            buffer.dispatch, inputs.x, num_qps=buffer.num_allocated_qps + case.over_qps,
-                                **common)
-        got["after_over_qps"] = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)[0]
+        # The explicit buffer: its cap and size as asked; over-asking its cap refused before communicating, then
+        # a dispatch asking exactly the cap returns the oracle's rows and its combine the automatic one's bytes.
+        explicit, got["explicit_num_bytes"] = _explicit_buffer(adapter, case)
+        try:
+            got["explicit"] = _caps(explicit, case)
+            got["over_qps"], got["over_qps_collectives"] = _call(
+                explicit.dispatch, inputs.x, num_qps=explicit.num_allocated_qps + case.over_qps, **common)
+            got["after_over_qps"], raw = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank,
+                                                          buffer=explicit, num_qps=case.num_allocated_qps)
+            try:
+                combined = explicit.combine(raw["recv_x"], raw["handle"], topk_weights=raw["recv_topk_weights"],
+                                            num_qps=case.num_allocated_qps)
+                got["combine_capped"] = (combined[0].cpu(), combined[1].cpu())
+            except Exception as exc:  # a known capability limit (hidden=128) is judged by the controller
+                got["combine_error"] = Raised.of(exc)
+        finally:
+            explicit.destroy()
 
         # SM count: dispatch with case.num_sms, then combine with num_sms=0 and with the handle's count.
         recv_x, _, recv_w, handle, _ = buffer.dispatch(inputs.x, num_sms=case.num_sms, **common)
@@ -105,9 +139,9 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
         try:
             reused = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=0)
             got["combine_launch"] = dict(getattr(buffer, "last_launch", None) or {}) or None
-            explicit = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=handle.num_sms)
+            given = buffer.combine(recv_x, handle, topk_weights=recv_w, num_sms=handle.num_sms)
             got["combine_reused"] = (reused[0].cpu(), reused[1].cpu())
-            got["combine_explicit"] = (explicit[0].cpu(), explicit[1].cpu())
+            got["combine_explicit"] = (given[0].cpu(), given[1].cpu())
         except Exception as exc:  # a known capability limit (hidden=128) is judged by the controller
             got["combine_error"] = Raised.of(exc)
 

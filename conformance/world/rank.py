@@ -68,6 +68,15 @@ class RankContext:
 
 _context: RankContext | None = None
 _ep_group: Any = None
+_store: Any = None
+
+
+def store() -> Any:  # torch.distributed.TCPStore
+    """The world's key-value store (the rendezvous ``TCPStore``): a side channel between the ranks that, unlike a
+    collective, synchronises nothing (a task that checks a barrier's ordering writes and reads keys in it)."""
+    if _store is None:
+        raise RuntimeError("conformance.world.rank.store() called outside a rank process")
+    return _store
 
 
 def context() -> RankContext:
@@ -146,7 +155,7 @@ def _init_process_group(timeout_s: float) -> RankContext:
     import torch.distributed as dist
 
     env = os.environ
-    global _ep_group
+    global _ep_group, _store
     device = env["CONFORMANCE_DEVICE"]
     setup = env.get("CONFORMANCE_RANK_SETUP", "isolated")
     recorder = setup == "recorder"
@@ -169,6 +178,7 @@ def _init_process_group(timeout_s: float) -> RankContext:
     )
     if recorder:
         _ep_group = dist.new_group(list(range(world_size)))
+    _store = store
     return RankContext(
         rank=rank,
         world_size=world_size,
