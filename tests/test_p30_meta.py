@@ -59,6 +59,10 @@ def test_p30_holds_on_the_emulation_including_two_nodes(emulated_session, two_no
         assert _fails(two_node_session, case, None) is None, case.calls()
 
 
+def _out_of_order(refs: list[int]) -> bool:
+    return any(a > b for i, a in enumerate(refs) for b in refs[i + 1:])
+
+
 def test_p30_strategy_reaches_its_corners() -> None:
     generous = settings(FIND_SETTINGS, max_examples=1000)
     strategy = sequence_cases(2)
@@ -67,9 +71,9 @@ def test_p30_strategy_reaches_its_corners() -> None:
     # two dispatches in flight, waited newest first
     find(strategy, lambda c: sum(s.op == "dispatch" and s.async_op for s in c.steps) >= 2
          and any(s.op == "wait" for s in c.steps), settings=generous)
-    # combine out of dispatch order
-    find(strategy, lambda c: [s.ref for s in c.steps if s.op == "combine"][:2] in
-         ([r2, r1] for r1 in range(20) for r2 in range(r1 + 1, 20)), settings=generous)
+    # combine out of dispatch order: a later combine reads an older dispatch than an earlier one (2-3% of draws)
+    find(strategy, lambda c: _out_of_order([s.ref for s in c.steps if s.op == "combine"]),
+         settings=settings(FIND_SETTINGS, max_examples=3000))
     # a destroyed buffer used after a re-create; an autograd round trip
     find(strategy, lambda c: [s.op for s in c.steps].count("create") >= 2
          and any(s.op == "use_destroyed" for s in c.steps), settings=generous)
