@@ -62,6 +62,16 @@ def test_killed_rank_is_a_clear_error_not_a_hang(world: World) -> None:
     assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
 
 
+def test_crash_names_the_call_and_what_it_was_for(world: World) -> None:
+    with pytest.raises(RankCrashed) as info:
+        world.run("tests.world_tasks:die_in_labelled_call", 3, timeout=60)
+    assert info.value.culprits == [3]
+    headline = str(info.value).splitlines()[0]
+    assert "SIGFPE in Buffer.low_latency_combine (in refusal row v1_example_row) [real-v1]" in headline, headline
+    assert info.value.culprit_call().partition("|")[0] == "real-v1"  # the backend attribution is unchanged
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
+
+
 def test_hang_times_out_with_stacks(world: World) -> None:
     with pytest.raises(RankTimeout) as info:
         world.run("tests.world_tasks:hang_on_rank", 0, timeout=5)

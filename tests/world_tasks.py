@@ -9,7 +9,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from conformance.world.rank import context
+from conformance.world.rank import call_context, context, current_call
 
 _KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -33,6 +33,14 @@ def raise_on_rank(rank: int) -> None:
 def kill_rank(rank: int) -> None:
     if context().rank == rank:
         os.kill(os.getpid(), signal.SIGKILL)
+    dist.barrier()
+
+
+def die_in_labelled_call(rank: int) -> None:
+    """Rank ``rank`` dies by SIGFPE in a library call made for a refusal row (as the real V1 did on 2026-12-02)."""
+    if context().rank == rank:
+        with call_context("refusal row v1_example_row"), current_call("real-v1|Buffer.low_latency_combine"):
+            os.kill(os.getpid(), signal.SIGFPE)
     dist.barrier()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from conformance.core.cases import CleanCase, ShrinkCase
 from conformance.core.example import Example, RankInputs
@@ -192,7 +193,7 @@ def run_clean(adapter: Any, inputs: RankInputs, case: CleanCase, rank: int, worl
     block = torch.randint(1, 256, (PREFIX_BYTES,), generator=gen, dtype=torch.uint8).to(raw.device)
     raw.view(-1)[:raw.numel() // PREFIX_BYTES * PREFIX_BYTES].view(-1, PREFIX_BYTES).copy_(block)  # tiled
     raw[raw.numel() // PREFIX_BYTES * PREFIX_BYTES:] = block[:raw.numel() % PREFIX_BYTES]
-    cleans = [_clean(buffer, raw, t_max, hidden, num_experts)]
+    cleans = [_clean(buffer, raw, t_max, hidden, num_experts, adapter.group)]
     recv_x, recv_count, handle, _, hook = buffer.low_latency_dispatch(
         inputs.x, inputs.topk_idx, t_max, num_experts, use_fp8=False, return_recv_hook=case.hook)
     if hook is not None:
@@ -201,7 +202,7 @@ def run_clean(adapter: Any, inputs: RankInputs, case: CleanCase, rank: int, worl
                 "call": describe(example, rank, False, False, False, case.hook, "after clean_low_latency_buffer on "
                                  "an RDMA buffer full of garbage")}
     buffer.get_next_low_latency_combine_buffer(handle).copy_(recv_x)
-    cleans.append(_clean(buffer, raw, t_max, hidden, num_experts))
+    cleans.append(_clean(buffer, raw, t_max, hidden, num_experts, adapter.group))
     w = inputs.topk_weights
     zero_copy = buffer.low_latency_combine(torch.zeros_like(recv_x), inputs.topk_idx, w, handle, zero_copy=True)[0]
     plain = buffer.low_latency_combine(recv_x, inputs.topk_idx, w, handle)[0]
@@ -212,8 +213,11 @@ def run_clean(adapter: Any, inputs: RankInputs, case: CleanCase, rank: int, worl
                             f"clean_low_latency_buffer on rank {rank}"}
 
 
-def _clean(buffer: Any, raw: torch.Tensor, t_max: int, hidden: int, num_experts: int) -> dict[str, Any]:
-    """A ``clean_low_latency_buffer`` and what it did to the RDMA bytes."""
+def _clean(buffer: Any, raw: torch.Tensor, t_max: int, hidden: int, num_experts: int,
+           group: Any = None) -> dict[str, Any]:
+    """A ``clean_low_latency_buffer`` and what it did to the RDMA bytes.  Every rank has read its bytes before any
+    goes on (a barrier of ``group``): a peer's next dispatch or combine writes its signal into this rank's
+    signalling buffer (on a GPU that race was seen: a peer's count word ``-1`` read as an uncleaned byte)."""
     before = raw.clone()
     buffer.clean_low_latency_buffer(t_max, hidden, num_experts)
     words = raw.numel() // 8 * 8  # compared 8 bytes at a time first (the buffer is large, the changes few)
@@ -225,9 +229,12 @@ def _clean(buffer: Any, raw: torch.Tensor, t_max: int, hidden: int, num_experts:
     # (LowLatencyLayout, csrc/legacy/config.hpp:165-175), num_experts int32 elements
     offset = -(-num_experts * 4 // 128) * 128
     words = buffer.get_local_buffer_tensor(torch.int32, torch.Size([num_experts]), offset=offset, use_rdma_buffer=True)
-    return {"changed": _ranges(changed.cpu()), "changed_nonzero": int((raw[changed] != 0).sum()),
-            "prefix": raw[:PREFIX_BYTES].cpu().clone(), "words_at": offset, "words": words.cpu().clone(),
-            "call": f"clean_low_latency_buffer({t_max}, {hidden}, {num_experts})"}
+    record = {"changed": _ranges(changed.cpu()), "changed_nonzero": int((raw[changed] != 0).sum()),
+              "prefix": raw[:PREFIX_BYTES].cpu().clone(), "words_at": offset, "words": words.cpu().clone(),
+              "call": f"clean_low_latency_buffer({t_max}, {hidden}, {num_experts})"}
+    if group is not None:
+        dist.barrier(group=group)
+    return record
 
 
 def _round_trip(buffer: Any, inputs: RankInputs, example: Example, rank: int, world_size: int,

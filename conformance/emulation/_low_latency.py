@@ -346,11 +346,12 @@ class LowLatencyMixin:
         received = {name: _comm.all_gather_rows(self.group, t, counts) for name, t in fields.items() if t is not None}
         orders = [[_slot_order(received["topk_idx"][s], me * num_local + e) for s in range(num_ranks)]
                   for e in range(num_local)]
-        sizes = torch.tensor([[len(o) for o in row] for row in orders], dtype=torch.int64).reshape(num_local, num_ranks)
         words = state.words(lay, index).view(num_local, num_ranks)
+        sizes = torch.tensor([[len(o) for o in row] for row in orders], dtype=torch.int64,
+                             device=words.device).reshape(num_local, num_ranks)
         state.words(lay, index ^ 1).zero_()
         before = words.to(torch.int64).clone()
-        words.copy_(_wrap32(before - (sizes + 1) * torch.tensor(sent, dtype=torch.int64)))
+        words.copy_(_wrap32(before - (sizes + 1) * torch.tensor(sent, dtype=torch.int64, device=words.device)))
 
         device = x.device
         rows_per_expert = num_ranks * t_max
@@ -493,7 +494,7 @@ class LowLatencyMixin:
         state.words(lay, index ^ 1).zero_()
         before = flags.to(torch.int64).clone()
         owners = torch.arange(num_experts, dtype=torch.int64) // max(num_local, 1)
-        arrived = torch.tensor([not masks[o][me] for o in owners.tolist()], dtype=torch.bool)
+        arrived = torch.tensor([not masks[o][me] for o in owners.tolist()], dtype=torch.bool, device=flags.device)
         flags.copy_(_wrap32(before + arrived.to(torch.int64)))
         combined = out if out is not None else \
             torch.full((num_tokens, hidden), _POISON[torch.bfloat16], dtype=torch.bfloat16, device=device)

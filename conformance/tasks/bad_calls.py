@@ -392,8 +392,11 @@ def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None]:
 
     The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
     """
+    from conformance.world.rank import call_context
+
     try:
-        RECIPES[name](env)
+        with call_context(f"refusal row {name}"):
+            RECIPES[name](env)
     except Exception as exc:  # the refusal under test
         return type(exc).__name__, str(exc)
     finally:

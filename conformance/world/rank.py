@@ -108,6 +108,24 @@ def _write_call(text: str) -> None:
         os.pwrite(_call_fd, text.encode()[:CALL_SLOT_BYTES].ljust(CALL_SLOT_BYTES, b"\0"), 0)
 
 
+_labels: list[str] = []
+
+
+@contextlib.contextmanager
+def call_context(label: str) -> Iterator[None]:
+    """Name what the calls inside the block are for (e.g. ``refusal row v1_ll_combine_1660``): a crash or hang in one
+    of them is then reported as ``Buffer.low_latency_combine (in refusal row v1_ll_combine_1660) [real-v1]``."""
+    _labels.append(label)
+    try:
+        yield
+    finally:
+        _labels.pop()
+
+
+def _with_context(name: str) -> str:
+    return f"{name} (in {', '.join(_labels)})" if _labels and name else name
+
+
 @contextlib.contextmanager
 def current_call(name: str) -> Iterator[None]:
     """Note that this rank is inside ``name`` (e.g. ``emulated-v2|ElasticBuffer.__init__``) while the block runs.
@@ -116,8 +134,8 @@ def current_call(name: str) -> Iterator[None]:
     kills the process (a segfault in the library) or hangs, the controller can say which call it was.
     Calls nest; on exit the enclosing call is written back.
     """
-    _calls.append(name)
-    _write_call(name)
+    _calls.append(_with_context(name))
+    _write_call(_calls[-1])
     try:
         yield
     finally:
