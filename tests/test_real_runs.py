@@ -1,0 +1,57 @@
+"""The evidence of the real-library runs (``docs/real-runs/``) and what the suite concluded from it.
+
+A failure of the real DeepEP is kept (its report under ``docs/real-runs/<date>-<machine>/``) and explained by an
+entry of ``conformance/known_defects/deep_ep-<version>.toml``; this checks that each kept failure is matched by its
+entry, and by no other, and that the reports kept as real runs say ``real: true``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from conformance.harness.known_defects import load
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = ROOT / "docs" / "real-runs"
+KNOWN = load(ROOT / "conformance" / "known_defects" / "deep_ep-2.1.0.toml")
+#: (report kept from a real run, property, the backend its failure is charged to, the entry that explains it)
+KEPT_FAILURES = [
+    ("2026-12-02-1xH200/11a-v1-p12-p23-p24/conformance.json", "P12-bad-input", "real-v1",
+     "v1-ll-combine-zero-experts-sigfpe"),
+]
+
+
+def _report(relative: str) -> dict:
+    return json.loads((RUNS / relative).read_text())
+
+
+def _property(report: dict, property_id: str) -> dict:
+    return next(p for p in report["properties"] if p["id"] == property_id)
+
+
+@pytest.mark.parametrize(("relative", "property_id", "backend", "entry_id"), KEPT_FAILURES)
+def test_a_kept_real_failure_is_its_known_defect(relative: str, property_id: str, backend: str,
+                                                 entry_id: str) -> None:
+    prop = _property(_report(relative), property_id)
+    assert prop["status"] == "failed", prop["status"]  # kept as it was reported then, before the entry existed
+    case = SimpleNamespace(to_json=lambda: json.dumps(prop["counterexample"]))
+    entry = KNOWN.match(property_id, (backend,), case, prop["message"])
+    assert entry is not None and entry.id == entry_id, (entry, prop["message"][:300])
+    # the same failure charged to the emulation is not excused by it
+    assert KNOWN.match(property_id, (backend.replace("real", "emulated"),), case, prop["message"]) is None
+
+
+KEPT_REPORTS = sorted(str(p.relative_to(RUNS)) for p in RUNS.glob("2026-12-02-*/*/conformance.json"))
+
+
+@pytest.mark.parametrize("relative", KEPT_REPORTS)
+def test_reports_kept_from_real_runs_name_their_backends(relative: str) -> None:
+    backends = _report(relative)["environment"]["backends"]
+    real = {b["name"]: b["real"] for b in backends} if isinstance(backends, list) else \
+        {name: b["real"] for name, b in backends.items()}
+    assert real, relative
+    for name, is_real in real.items():
+        assert is_real == name.startswith("real-"), (relative, name, is_real)
