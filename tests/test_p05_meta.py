@@ -11,7 +11,7 @@ from conformance.core.example import Example, RankInputs
 from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
 from conformance.strategies.combine import combine_cases
-from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, examples_to_catch, fails, sample
 
 P5 = "P5-combine"
 
@@ -177,6 +177,74 @@ def test_p5_catches_one_extra_rounding_on_one_node_and_on_two(emulated_session, 
     for session, strategy in ((emulated_session, combine_cases(2)), (two_node_session, combine_cases(4))):
         _, message = assert_caught(session, P5, "combine-extra-rounding", strategy)
         assert "reduction tree" in message, message
+
+
+#: Hypothesis seeds on which P5 must catch one extra rounding within the default budget of 25 examples.
+EXTRA_ROUNDING_SEEDS = (1, 2, 3, 4)
+
+
+def test_p5_catches_one_extra_rounding_on_every_seed_within_the_default_budget(emulated_session,
+                                                                              two_node_session) -> None:
+    for session, world in ((emulated_session, 2), (two_node_session, 4)):
+        drawn = {seed: examples_to_catch(session, P5, "combine-extra-rounding", combine_cases(world), seed)
+                 for seed in EXTRA_ROUNDING_SEEDS}
+        assert None not in drawn.values(), f"world of {world}: examples to catch per seed {drawn}"
+
+
+def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...]) -> dict[str, float]:
+    """For each way one extra bf16 rounding can split the combine of a token that reaches every rank of a
+    ``world`` with two biases (P5's experts: rank d returns bf16(x * (1 + d))), the fraction of columns whose result
+    it changes.  The library's tree (inner levels ``groups``) is computed by :func:`predict_tokens` on the terms;
+    the extra rounding is applied to the first ``k`` terms of one level, in the order the terms are listed."""
+    from conformance.oracle.reduction import scaled_expert_row
+    from conformance.oracle.tree import predict_tokens, round_bf16
+
+    x, b1, b2 = draw_values(), draw_values(), draw_values()
+    contributions = [(d, scaled_expert_row(x, d)) for d in range(world)]
+    columns = x.numel()
+    right, determined = predict_tokens([(contributions, [b1, b2])], groups, columns)
+    kept = determined[0]  # the columns whose bytes the tree predicts (all of them for integers)
+
+    def rounded(terms: list[torch.Tensor]) -> torch.Tensor:
+        return round_bf16(torch.stack([t.double() for t in terms]).sum(dim=0)).double()
+
+    # the terms of the last level: the biases, then the rows or the per-group partials (rounded)
+    if groups:
+        (g,) = groups
+        last = [b1, b2] + [rounded([row for d, row in contributions if d // g == key]) for key in range(world // g)]
+    else:
+        last = [b1, b2] + [row for _, row in contributions]
+    rates = {}
+    for k in range(2, len(last)):  # round the first k terms, then add the rest
+        wrong = rounded([rounded(last[:k])] + last[k:])
+        rates[f"first {k} of {len(last)} terms"] = float((wrong != right[0].double())[kept].double().mean())
+    for start in range(1, len(last) - 2):  # round k terms in the middle
+        for k in range(2, len(last) - start):
+            wrong = rounded(last[:start] + [rounded(last[start:start + k])] + last[start + k:])
+            changed = (wrong != right[0].double())[kept]
+            rates[f"terms {start}..{start + k - 1} of {len(last)}"] = float(changed.double().mean())
+    if groups:  # the forwarders' rounding skipped (hybrid-reduction-rounds-once)
+        once = rounded([b1, b2] + [row for _, row in contributions])
+        rates["no per-node rounding"] = float((once != right[0].double())[kept].double().mean())
+    return rates
+
+
+def test_one_extra_rounding_changes_enough_columns_of_p5_payloads() -> None:
+    """The derivation of ``conformance.strategies.combine`` (P5 and one extra rounding), measured: for exact mode's
+    wide integers and bounded mode's normals, every way an extra rounding can split a token's combine on one node
+    (2 ranks), two nodes (2 x 2) and four (4 x 1) changes at least 7% of the columns, each drawn on its own (of the
+    columns whose bytes the tree predicts: all for integers, nearly all for normals)."""
+    from conformance.core.example import wide_integers
+
+    gen = torch.Generator().manual_seed(16)
+    columns = 20000
+    payloads = {"wide": lambda: wide_integers((columns,), torch.bfloat16, gen),
+                "random": lambda: torch.randn(columns, generator=gen).to(torch.bfloat16)}
+    for payload, draw_values in payloads.items():
+        for world, groups in ((2, ()), (4, (2,)), (4, ())):
+            rates = _extra_rounding_rates(draw_values, world, groups)
+            low = {shape: rate for shape, rate in rates.items() if not rate >= 0.07}
+            assert not low, f"{payload} payloads, world {world}, groups {groups}: {low} (all: {rates})"
 
 
 def test_p5_catches_a_hybrid_reduction_that_rounds_once(two_node_session) -> None:
