@@ -2,6 +2,8 @@
 are right by hand, the property holds on the emulation (one and two nodes), V2's hidden=128 limit is reported
 unsupported while V1 is still checked, and the strategy reaches the corners."""
 
+import itertools
+
 import torch
 from hypothesis import find
 
@@ -141,6 +143,12 @@ def test_p5_strategy_reaches_the_corners() -> None:
     find(strategy, lambda c: 0 in c.example.tokens_per_rank, settings=FIND_SETTINGS)
     find(strategy, lambda c: reaches(c.example, 2), settings=FIND_SETTINGS)  # summed over two ranks
     find(strategy, lambda c: reaches(c.example, 0), settings=FIND_SETTINGS)  # bias only / +0.0
+    # the spread draws do not hide the narrow corners: top-1, routing to one rank, every slot masked
+    find(strategy, lambda c: c.example.num_topk == 1, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.routing == "one_rank", settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.mask_ratio == 1.0, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.mode == "exact" and c.num_bias == 2 and reaches(c.example, 2), settings=FIND_SETTINGS)
+    find(combine_cases(4), lambda c: reaches(c.example, 4), settings=FIND_SETTINGS)  # every rank of two nodes
 
 
 # ------------------------------------------------------------------------------------------ the reduction tree
@@ -191,18 +199,18 @@ def test_p5_catches_one_extra_rounding_on_every_seed_within_the_default_budget(e
         assert None not in drawn.values(), f"world of {world}: examples to catch per seed {drawn}"
 
 
-def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...]) -> dict[str, float]:
-    """For each way one extra bf16 rounding can split the combine of a token that reaches every rank of a
-    ``world`` with two biases (P5's experts: rank d returns bf16(x * (1 + d))), the fraction of columns whose result
-    it changes.  The library's tree (inner levels ``groups``) is computed by :func:`predict_tokens` on the terms;
-    the extra rounding is applied to the first ``k`` terms of one level, in the order the terms are listed."""
+def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...], num_bias: int) -> dict[str, float]:
+    """For each way one extra bf16 rounding can split the last level of the combine of a token that reaches every
+    rank of a ``world`` with ``num_bias`` biases (P5's experts: rank d returns bf16(x * (1 + d))), the fraction of
+    columns whose result it changes (``groups``: the tree's inner levels, :func:`predict_tokens` computes the right
+    result): ``k`` consecutive terms of that level, in the order listed (biases first), rounded before the rest."""
     from conformance.oracle.reduction import scaled_expert_row
     from conformance.oracle.tree import predict_tokens, round_bf16
 
-    x, b1, b2 = draw_values(), draw_values(), draw_values()
+    x, biases = draw_values(), [draw_values() for _ in range(num_bias)]
     contributions = [(d, scaled_expert_row(x, d)) for d in range(world)]
     columns = x.numel()
-    right, determined = predict_tokens([(contributions, [b1, b2])], groups, columns)
+    right, determined = predict_tokens([(contributions, biases)], groups, columns)
     kept = determined[0]  # the columns whose bytes the tree predicts (all of them for integers)
 
     def rounded(terms: list[torch.Tensor]) -> torch.Tensor:
@@ -211,9 +219,9 @@ def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...]) -> d
     # the terms of the last level: the biases, then the rows or the per-group partials (rounded)
     if groups:
         (g,) = groups
-        last = [b1, b2] + [rounded([row for d, row in contributions if d // g == key]) for key in range(world // g)]
+        last = biases + [rounded([row for d, row in contributions if d // g == key]) for key in range(world // g)]
     else:
-        last = [b1, b2] + [row for _, row in contributions]
+        last = biases + [row for _, row in contributions]
     rates = {}
     for k in range(2, len(last)):  # round the first k terms, then add the rest
         wrong = rounded([rounded(last[:k])] + last[k:])
@@ -224,7 +232,7 @@ def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...]) -> d
             changed = (wrong != right[0].double())[kept]
             rates[f"terms {start}..{start + k - 1} of {len(last)}"] = float(changed.double().mean())
     if groups:  # the forwarders' rounding skipped (hybrid-reduction-rounds-once)
-        once = rounded([b1, b2] + [row for _, row in contributions])
+        once = rounded(biases + [row for _, row in contributions])
         rates["no per-node rounding"] = float((once != right[0].double())[kept].double().mean())
     return rates
 
@@ -237,14 +245,16 @@ def test_one_extra_rounding_changes_enough_columns_of_p5_payloads() -> None:
     from conformance.core.example import wide_integers
 
     gen = torch.Generator().manual_seed(16)
-    columns = 20000
+    columns, checked = 20000, 0
     payloads = {"wide": lambda: wide_integers((columns,), torch.bfloat16, gen),
                 "random": lambda: torch.randn(columns, generator=gen).to(torch.bfloat16)}
     for payload, draw_values in payloads.items():
-        for world, groups in ((2, ()), (4, (2,)), (4, ())):
-            rates = _extra_rounding_rates(draw_values, world, groups)
+        for (world, groups), num_bias in itertools.product(((2, ()), (4, (2,)), (4, ())), (0, 1, 2)):
+            rates = _extra_rounding_rates(draw_values, world, groups, num_bias)
             low = {shape: rate for shape, rate in rates.items() if not rate >= 0.07}
-            assert not low, f"{payload} payloads, world {world}, groups {groups}: {low} (all: {rates})"
+            assert not low, f"{payload}, world {world}, groups {groups}, {num_bias} bias(es): {low} (all: {rates})"
+            checked += len(rates)
+    assert checked > 50  # the splits were there to measure
 
 
 def test_p5_catches_a_hybrid_reduction_that_rounds_once(two_node_session) -> None:
