@@ -13,7 +13,7 @@ from conformance.assertions import (
     for_each_backend,
 )
 from conformance.core.example import Example, build_all_inputs
-from conformance.oracle.reduction import expected_round_trip_bf16, expected_round_trip_sum, reach_counts
+from conformance.oracle.reduction import ExpectedSum, expected_round_trip_bf16, expected_round_trip_sum, reach_counts
 from conformance.oracle.tree import tree_groups
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -34,6 +34,7 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     combine limit is reported unsupported for that backend while the others are still checked."""
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
+    sums: dict[int, ExpectedSum] = {}  # per rank, shared by the backends (the tree is cached in it)
     two_level = ctx.shape.nodes > 1
 
     def against_oracle(rank: int, backend: str, result: CombineResult) -> None:
@@ -50,7 +51,9 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             else:
                 assert_same_values(got, expected_bf16, name="combined_x", rank=rank, call=result.call)
             return
-        expected = expected_round_trip_sum(example, inputs, rank, ctx.shape.ranks_per_node)
+        if rank not in sums:
+            sums[rank] = expected_round_trip_sum(example, inputs, rank, ctx.shape.ranks_per_node)
+        expected = sums[rank]
         if example.payload == "special":
             groups = None if result.reduction_group is None else tree_groups(result.reduction_group, example.world_size)
             assert_sum_or_special(got, expected, expected_bf16, two_level=two_level, name="combined_x", rank=rank,
