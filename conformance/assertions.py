@@ -26,6 +26,7 @@ from conformance.core.example import Example, build_all_inputs
 from conformance.core.views import DispatchView, Raised, Unsupported
 from conformance.oracle import ExpectedSum, Receipts, expected_receipts
 from conformance.oracle.bounds import reduction_bound
+from conformance.oracle.tree import tree_groups
 
 #: How many differing items a message lists before summarising the rest.
 MAX_LISTED = 5
@@ -420,8 +421,8 @@ def assert_reduction(got: torch.Tensor, expected: ExpectedSum, *, ranks_per_grou
         else:
             assert_within_bound(got, expected, two_level=two_level, name=name, rank=rank, call=call)
         return
-    groups = (ranks_per_group,) if ranks_per_group < world_size else ()
-    assert_tree(got, expected, groups, name=name, rank=rank, call=call, require_determined=require_determined)
+    assert_tree(got, expected, tree_groups(ranks_per_group, world_size), name=name, rank=rank, call=call,
+                require_determined=require_determined)
 
 
 def assert_tree(got: torch.Tensor, expected: ExpectedSum, groups: tuple[int, ...], *, name: str, rank: int, call: str,
@@ -437,7 +438,22 @@ def assert_tree(got: torch.Tensor, expected: ExpectedSum, groups: tuple[int, ...
         token, col = (int(i) for i in (~tree.determined).nonzero()[0])
         raise AssertionError(f"the suite drew an exact-mode case whose float32 sums are not exact at {name}[rank "
                              f"{rank}, token {token}, col {col}]: a defect of the strategy, not of the library")
-    differs = tree.determined & (got.contiguous().view(torch.int16) != tree.value.contiguous().view(torch.int16))
+    assert_tree_bytes(got, expected, groups, name=name, rank=rank, call=call)
+    rest = ~tree.determined
+    if bool(rest.any()):
+        assert_within_bound(torch.where(rest, got, tree.value), expected, two_level=tree.levels == 2, name=name,
+                            rank=rank, call=call, levels=tree.levels)
+
+
+def assert_tree_bytes(got: torch.Tensor, expected: ExpectedSum, groups: tuple[int, ...], *, name: str, rank: int,
+                      call: str, mask: torch.Tensor | None = None) -> None:
+    """``got`` equals the reduction tree with inner levels ``groups`` byte for byte wherever the tree determines
+    it (every float32 sum on the way exact) and ``mask`` (``[T, H]``, default everywhere) holds; elsewhere
+    nothing is checked here."""
+    __tracebackhide__ = True
+    tree = expected.tree_of(groups)
+    checked = tree.determined if mask is None else tree.determined & mask
+    differs = checked & (got.contiguous().view(torch.int16) != tree.value.contiguous().view(torch.int16))
     if bool(differs.any()):
         token, col = (int(i) for i in differs.nonzero()[0])
         columns = differs[token].nonzero().flatten().tolist()
@@ -449,10 +465,6 @@ def assert_tree(got: torch.Tensor, expected: ExpectedSum, groups: tuple[int, ...
             mismatch_detail(name, rank, (token, col), ("token", "col"), got[token], tree.value[token], columns,
                             against="the reduction tree", call=call, tokens=[(rank, token)]),
         )
-    rest = ~tree.determined
-    if bool(rest.any()):
-        assert_within_bound(torch.where(rest, got, tree.value), expected, two_level=tree.levels == 2, name=name,
-                            rank=rank, call=call, levels=tree.levels)
 
 
 def assert_close_across(got: torch.Tensor, other: torch.Tensor, expected: ExpectedSum, *, two_level: bool, name: str,
@@ -550,10 +562,14 @@ def assert_same_values(got: torch.Tensor, expected: torch.Tensor, *, name: str, 
 
 
 def assert_sum_or_special(got: torch.Tensor, expected: ExpectedSum, expected_bf16: torch.Tensor, *, two_level: bool,
-                          name: str, rank: int, call: str) -> None:
+                          name: str, rank: int, call: str, groups: tuple[int, ...] | None = None) -> None:
     """Bounded comparison that also admits special values: where the exact sum is NaN or +-Inf, ``got`` must be
-    NaN (any payload) or the same infinity; everywhere else it must be within the bound."""
+    NaN (any payload) or the same infinity; everywhere else it must be within the bound, and (``groups``: the
+    backend's reduction tree, see :func:`assert_tree`) byte for byte the tree's wherever that determines a nonzero
+    sum (the sign of a zero sum of -0.0 payloads is not the tree's to say)."""
     __tracebackhide__ = True
+    if groups is not None:
+        assert_tree_bytes(got, expected, groups, name=name, rank=rank, call=call, mask=expected.exact != 0)
     special = ~torch.isfinite(expected.exact)
     if bool(special.any()):
         wrong = special & ~same_value(got, expected_bf16)

@@ -62,3 +62,26 @@ def sample(strategy: st.SearchStrategy[Any], n: int) -> list[Any]:
 
     collect()
     return out[:n]
+
+
+def examples_to_catch(session: Session, property_id: str, mutant: str, strategy: st.SearchStrategy[Any], seed: int,
+                      budget: int = 25) -> int | None:
+    """How many of ``budget`` draws from ``strategy`` (Hypothesis seeded with ``seed``, no shrinking, no database)
+    it takes until ``property_id`` fails with ``mutant`` planted; ``None`` if none of them does."""
+    from hypothesis import seed as seeded
+
+    state: dict[str, Any] = {"drawn": 0, "caught": None}
+
+    @seeded(seed)
+    @settings(max_examples=budget, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+              phases=[Phase.generate])
+    @given(strategy)
+    def draw(case: Any) -> None:
+        if state["caught"] is not None:
+            return
+        state["drawn"] += 1
+        if fails(session, property_id, case, mutant) is not None:
+            state["caught"] = state["drawn"]
+
+    draw()
+    return state["caught"]

@@ -2,6 +2,8 @@
 are right by hand, the property holds on the emulation (one and two nodes), V2's hidden=128 limit is reported
 unsupported while V1 is still checked, and the strategy reaches the corners."""
 
+import itertools
+
 import torch
 from hypothesis import find
 
@@ -11,7 +13,7 @@ from conformance.core.example import Example, RankInputs
 from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
 from conformance.strategies.combine import combine_cases
-from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, examples_to_catch, fails, sample
 
 P5 = "P5-combine"
 
@@ -141,6 +143,12 @@ def test_p5_strategy_reaches_the_corners() -> None:
     find(strategy, lambda c: 0 in c.example.tokens_per_rank, settings=FIND_SETTINGS)
     find(strategy, lambda c: reaches(c.example, 2), settings=FIND_SETTINGS)  # summed over two ranks
     find(strategy, lambda c: reaches(c.example, 0), settings=FIND_SETTINGS)  # bias only / +0.0
+    # the spread draws do not hide the narrow corners: top-1, routing to one rank, every slot masked
+    find(strategy, lambda c: c.example.num_topk == 1, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.routing == "one_rank", settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.example.mask_ratio == 1.0, settings=FIND_SETTINGS)
+    find(strategy, lambda c: c.mode == "exact" and c.num_bias == 2 and reaches(c.example, 2), settings=FIND_SETTINGS)
+    find(combine_cases(4), lambda c: reaches(c.example, 4), settings=FIND_SETTINGS)  # every rank of two nodes
 
 
 # ------------------------------------------------------------------------------------------ the reduction tree
@@ -177,6 +185,76 @@ def test_p5_catches_one_extra_rounding_on_one_node_and_on_two(emulated_session, 
     for session, strategy in ((emulated_session, combine_cases(2)), (two_node_session, combine_cases(4))):
         _, message = assert_caught(session, P5, "combine-extra-rounding", strategy)
         assert "reduction tree" in message, message
+
+
+#: Hypothesis seeds on which P5 must catch one extra rounding within the default budget of 25 examples.
+EXTRA_ROUNDING_SEEDS = (1, 2, 3, 4)
+
+
+def test_p5_catches_one_extra_rounding_on_every_seed_within_the_default_budget(emulated_session,
+                                                                              two_node_session) -> None:
+    for session, world in ((emulated_session, 2), (two_node_session, 4)):
+        drawn = {seed: examples_to_catch(session, P5, "combine-extra-rounding", combine_cases(world), seed)
+                 for seed in EXTRA_ROUNDING_SEEDS}
+        assert None not in drawn.values(), f"world of {world}: examples to catch per seed {drawn}"
+
+
+def _extra_rounding_rates(draw_values, world: int, groups: tuple[int, ...], num_bias: int) -> dict[str, float]:
+    """For each way one extra bf16 rounding can split the last level of the combine of a token that reaches every
+    rank of a ``world`` with ``num_bias`` biases (P5's experts: rank d returns bf16(x * (1 + d))), the fraction of
+    columns whose result it changes (``groups``: the tree's inner levels, :func:`predict_tokens` computes the right
+    result): ``k`` consecutive terms of that level, in the order listed (biases first), rounded before the rest."""
+    from conformance.oracle.reduction import scaled_expert_row
+    from conformance.oracle.tree import predict_tokens, round_bf16
+
+    x, biases = draw_values(), [draw_values() for _ in range(num_bias)]
+    contributions = [(d, scaled_expert_row(x, d)) for d in range(world)]
+    columns = x.numel()
+    right, determined = predict_tokens([(contributions, biases)], groups, columns)
+    kept = determined[0]  # the columns whose bytes the tree predicts (all of them for integers)
+
+    def rounded(terms: list[torch.Tensor]) -> torch.Tensor:
+        return round_bf16(torch.stack([t.double() for t in terms]).sum(dim=0)).double()
+
+    # the terms of the last level: the biases, then the rows or the per-group partials (rounded)
+    if groups:
+        (g,) = groups
+        last = biases + [rounded([row for d, row in contributions if d // g == key]) for key in range(world // g)]
+    else:
+        last = biases + [row for _, row in contributions]
+    rates = {}
+    for k in range(2, len(last)):  # round the first k terms, then add the rest
+        wrong = rounded([rounded(last[:k])] + last[k:])
+        rates[f"first {k} of {len(last)} terms"] = float((wrong != right[0].double())[kept].double().mean())
+    for start in range(1, len(last) - 2):  # round k terms in the middle
+        for k in range(2, len(last) - start):
+            wrong = rounded(last[:start] + [rounded(last[start:start + k])] + last[start + k:])
+            changed = (wrong != right[0].double())[kept]
+            rates[f"terms {start}..{start + k - 1} of {len(last)}"] = float(changed.double().mean())
+    if groups:  # the forwarders' rounding skipped (hybrid-reduction-rounds-once)
+        once = rounded(biases + [row for _, row in contributions])
+        rates["no per-node rounding"] = float((once != right[0].double())[kept].double().mean())
+    return rates
+
+
+def test_one_extra_rounding_changes_enough_columns_of_p5_payloads() -> None:
+    """The derivation of ``conformance.strategies.combine`` (P5 and one extra rounding), measured: for exact mode's
+    wide integers and bounded mode's normals, every way an extra rounding can split a token's combine on one node
+    (2 ranks), two nodes (2 x 2) and four (4 x 1) changes at least 7% of the columns, each drawn on its own (of the
+    columns whose bytes the tree predicts: all for integers, nearly all for normals)."""
+    from conformance.core.example import wide_integers
+
+    gen = torch.Generator().manual_seed(16)
+    columns, checked = 20000, 0
+    payloads = {"wide": lambda: wide_integers((columns,), torch.bfloat16, gen),
+                "random": lambda: torch.randn(columns, generator=gen).to(torch.bfloat16)}
+    for payload, draw_values in payloads.items():
+        for (world, groups), num_bias in itertools.product(((2, ()), (4, (2,)), (4, ())), (0, 1, 2)):
+            rates = _extra_rounding_rates(draw_values, world, groups, num_bias)
+            low = {shape: rate for shape, rate in rates.items() if not rate >= 0.07}
+            assert not low, f"{payload}, world {world}, groups {groups}, {num_bias} bias(es): {low} (all: {rates})"
+            checked += len(rates)
+    assert checked > 50  # the splits were there to measure
 
 
 def test_p5_catches_a_hybrid_reduction_that_rounds_once(two_node_session) -> None:

@@ -69,3 +69,28 @@ def test_reductions_may_flush_subnormals_but_not_change_normal_values() -> None:
     flushed = torch.zeros(4, dtype=torch.bfloat16)
     assert same_value(flushed, expected).tolist() == [True, True, False, False]
     assert same_value(expected, expected).all()
+
+
+def test_p6_on_several_nodes_checks_the_tree_byte_for_byte_where_the_bound_would_accept_one_rounding() -> None:
+    """Two nodes of three ranks; a token of 129 reaches ranks 0-2 (node 0) and 3-4 (node 1).  The tree: node 0's
+    partial 387 rounds to 388 (a tie, to even), node 1's 258 is a bf16 value, 388 + 258 = 646 rounds to 648 (a tie,
+    to even); one rounding of 645 gives 644, which the float32-accumulation bound of two levels also accepts."""
+    from conformance.assertions import Mismatch, assert_reduction, assert_within_bound
+    from conformance.oracle.reduction import expected_round_trip_sum
+
+    example = Example(tokens_per_rank=(1, 0, 0, 0, 0, 0), hidden=1, num_topk=5, num_experts=6)
+    inputs = [RankInputs(x=torch.tensor([[129.0]], dtype=torch.bfloat16), topk_idx=torch.tensor([[0, 1, 2, 3, 4]]),
+                         topk_weights=torch.ones(1, 5))]
+    inputs += [RankInputs(torch.zeros(0, 1, dtype=torch.bfloat16), torch.zeros(0, 5, dtype=torch.int64),
+                          torch.zeros(0, 5)) for _ in range(5)]
+    expected = expected_round_trip_sum(example, inputs, 0, ranks_per_node=3)
+    tree, once = torch.tensor([[648.0]], dtype=torch.bfloat16), torch.tensor([[644.0]], dtype=torch.bfloat16)
+    assert_reduction(tree, expected, ranks_per_group=3, world_size=6, two_level=True, name="x", rank=0, call="c")
+    assert_within_bound(once, expected, two_level=True, name="x", rank=0, call="c")
+    try:
+        assert_reduction(once, expected, ranks_per_group=3, world_size=6, two_level=True, name="x", rank=0,
+                         call="c")
+    except Mismatch as failure:
+        assert "reduction tree" in str(failure) and "648.0" in str(failure), failure
+    else:
+        raise AssertionError("one rounding passed where the tree rounds per node")

@@ -49,7 +49,8 @@ class ExampleCase:
 class CombineCase(ExampleCase):
     """How P5 calls combine: ``num_bias`` bias tensors (0, 1 or 2), the comparison mode, and V1's configs.
 
-    ``exact``: small-integer payloads and biases, every sum exactly representable -> byte-exact.
+    ``exact``: integer payloads and biases (``wide`` ones in P5's draws, see ``core.example.wide_integers``), every
+    float32 sum exact in any order -> byte-exact against the library's reduction tree.
     ``bounded``: random payloads -> within the derived float32-accumulation bound (``oracle.bounds``).
     """
 
@@ -67,8 +68,8 @@ class CombineCase(ExampleCase):
             raise ValueError(f"num_bias={self.num_bias} must be 0, 1 or 2")
         if self.mode not in self.MODES:
             raise ValueError(f"mode={self.mode!r} must be one of {self.MODES}")
-        if self.mode == "exact" and self.example.payload != "integers":
-            raise ValueError("mode 'exact' needs payload='integers' (exactly summable values)")
+        if self.mode == "exact" and self.example.payload not in ("integers", "wide"):
+            raise ValueError("mode 'exact' needs payload='integers' or 'wide' (exactly summable values)")
         if self.example.payload == "special":
             raise ValueError("combine sums payloads: NaN/Inf payloads have no meaningful sum to compare")
         if self.v1_num_sms and (self.v1_num_sms < 4 or self.v1_num_sms % 2 or self.v1_num_sms > 132):

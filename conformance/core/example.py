@@ -18,8 +18,14 @@ import torch
 
 #: Routing patterns an example can ask for.
 ROUTINGS = ("random", "skewed", "one_rank", "one_expert")
-#: Payload kinds: random bf16, small integers (exactly summable), random with special float bytes.
+#: Payload kinds drawn by default: random bf16, small integers (exactly summable), random with special float bytes.
 PAYLOADS = ("random", "integers", "special")
+#: Every payload kind, with ``wide``: integers exactly summable in float32 whose sums are mostly *not* bf16 values,
+#: so that each rounding of a reduction shows (:func:`wide_integers`; P5's exact mode).
+ALL_PAYLOADS = (*PAYLOADS, "wide")
+#: ``wide`` values: sign * m * 2**e, m odd in 1..WIDE_MAX_ODD, e in 0..WIDE_MAX_SHIFT.
+WIDE_MAX_ODD = 255
+WIDE_MAX_SHIFT = 5
 
 #: bf16 bit patterns that must survive dispatch byte for byte (quiet/signalling NaNs with payloads,
 #: -0.0, +-Inf, the smallest subnormals).
@@ -83,7 +89,7 @@ class Example:
             raise ValueError(f"num_topk={self.num_topk} must be in 1..num_experts={self.num_experts}")
         if any(t < 0 or t > self.num_max_tokens_per_rank for t in self.tokens_per_rank):
             raise ValueError(f"tokens_per_rank={self.tokens_per_rank} exceed num_max_tokens_per_rank")
-        if self.routing not in ROUTINGS or self.payload not in PAYLOADS:
+        if self.routing not in ROUTINGS or self.payload not in ALL_PAYLOADS:
             raise ValueError(f"unknown routing {self.routing!r} or payload {self.payload!r}")
 
 
@@ -132,11 +138,25 @@ def _routing(example: Example, rank: int) -> torch.Tensor:
     return idx
 
 
+def wide_integers(shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """``wide`` values: ``sign * m * 2**e`` with ``m`` odd in ``1..255`` and ``e`` in ``0..5``, each element drawn
+    on its own.  Every one is a bf16 (and float32) integer of at most 8 significant bits and magnitude below
+    ``2**13``, so any sum of a few of them (or of their bf16 multiples by a small factor) is exact in float32, in
+    any order; but a sum of two or more is an integer of more than 8 significant bits most of the time, which bf16
+    cannot hold: the rounding of every level of a reduction tree shows (see ``conformance.oracle.tree``)."""
+    odd = 2 * torch.randint(0, (WIDE_MAX_ODD + 1) // 2, shape, generator=gen) + 1
+    shift = torch.randint(0, WIDE_MAX_SHIFT + 1, shape, generator=gen)
+    sign = 2 * torch.randint(0, 2, shape, generator=gen) - 1
+    return (sign * odd * (1 << shift)).to(dtype)
+
+
 def _payload(example: Example, rank: int) -> torch.Tensor:
     shape = (example.tokens_per_rank[rank], example.hidden)
     gen = _generator(example, rank, 4)
     if example.payload == "integers":
         return torch.randint(-8, 9, shape, generator=gen).to(torch.bfloat16)
+    if example.payload == "wide":
+        return wide_integers(shape, torch.bfloat16, gen)
     x = torch.randn(shape, generator=gen).to(torch.bfloat16)
     if example.payload == "special" and x.numel():
         bits = x.view(torch.int16)
@@ -172,9 +192,12 @@ def _extra_generator(example: Example, *parts: int) -> torch.Generator:
 
 
 def _values(example: Example, shape: tuple[int, ...], dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
-    """Small integers (exactly summable) for integer payloads, standard normals otherwise."""
+    """Small integers (exactly summable) for integer payloads, wide ones for wide payloads, standard normals
+    otherwise."""
     if example.payload == "integers":
         return torch.randint(-8, 9, shape, generator=gen).to(dtype)
+    if example.payload == "wide":
+        return wide_integers(shape, dtype, gen)
     return torch.randn(shape, generator=gen).to(dtype)
 
 

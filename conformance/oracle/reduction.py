@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from conformance.core.example import Example, RankInputs
-from conformance.oracle.tree import TreePrediction, predict_tokens
+from conformance.oracle.tree import TreePrediction, predict_tokens, tree_groups
 
 __all__ = [
     "ExpectedSum",
@@ -76,7 +76,7 @@ class ExpectedSum:
         """The result of the library's reduction tree (:mod:`conformance.oracle.tree`) with first-level groups of
         ``ranks_per_group`` consecutive ranks (one level when that covers ``world_size``), and where it is
         determined byte for byte."""
-        return self.tree_of((ranks_per_group,) if ranks_per_group < world_size else ())
+        return self.tree_of(tree_groups(ranks_per_group, world_size))
 
     def tree_of(self, groups: tuple[int, ...]) -> TreePrediction:
         """The tree of :func:`conformance.oracle.tree.predict_levels` with these inner levels (innermost first)."""

@@ -89,8 +89,13 @@ def predict_token(contributions: list[tuple[int, torch.Tensor]], biases: list[to
     """One token's combine through the tree: ``contributions`` are ``(dst_rank, bf16 row)`` pairs, ``biases``
     bf16 rows; ranks ``d`` with the same ``d // ranks_per_group`` are summed and rounded first when the tree has
     two levels (``ranks_per_group < world_size``)."""
-    groups = (ranks_per_group,) if ranks_per_group < world_size else ()
-    return predict_levels(contributions, biases, groups, hidden)
+    return predict_levels(contributions, biases, tree_groups(ranks_per_group, world_size), hidden)
+
+
+def tree_groups(ranks_per_group: int, world_size: int) -> tuple[int, ...]:
+    """The inner levels (for :func:`predict_levels`) of a tree that rounds groups of ``ranks_per_group`` consecutive
+    ranks first: none when one group is the whole world."""
+    return (ranks_per_group,) if ranks_per_group < world_size else ()
 
 
 def predict_levels(contributions: list[tuple[int, torch.Tensor]], biases: list[torch.Tensor],

@@ -35,7 +35,9 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
     """combined_x = sum over the ranks a token reached of their expert outputs, plus the biases, through the
     backend's reduction tree (one rounding on one node; per-node partials rounded first on several): byte-exact
     wherever the tree's float32 sums are exact (every element in ``exact`` mode, most in ``bounded`` mode; and
-    byte-identical across backends in ``exact`` mode), within the float32-accumulation bound elsewhere.
+    byte-identical across backends with the same tree in ``exact`` mode), within the float32-accumulation bound
+    elsewhere.  The cases are drawn so that one rounding more than the tree changes bytes (see
+    ``conformance.strategies.combine``).
     combined_topk_weights[t, k] = the weight the owner of slot k's expert returned (0 at -1 slots),
     byte-exact and byte-identical across backends.  A backend's known combine limit is reported unsupported."""
     __tracebackhide__ = True
@@ -68,7 +70,7 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
 
     def pairwise(rank: int, first: tuple[str, CombineResult], other: tuple[str, CombineResult]) -> None:
         (name, a), (_, b) = first, other
-        if case.mode == "exact":
+        if case.mode == "exact" and a.reduction_group == b.reduction_group:  # one tree, every byte determined
             assert_bytes_equal(b.combined_x, a.combined_x, name="combined_x", rank=rank, call=b.call, against=name)
         else:
             assert_close_across(b.combined_x, a.combined_x, expected[rank], two_level=two_level, name="combined_x",

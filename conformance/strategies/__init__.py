@@ -37,8 +37,12 @@ def examples(
     hidden_sizes: tuple[int, ...] = HIDDEN_SIZES,
     payloads: tuple[str, ...] = PAYLOADS,
     max_tokens: tuple[int, ...] = MAX_TOKENS_PER_RANK,
+    routings: tuple[str, ...] = ROUTINGS,
+    mask_ratios: tuple[float, ...] = MASK_RATIOS,
+    min_topk: int = 1,
 ) -> Example:
-    """Examples for a world of ``world_size`` ranks."""
+    """Examples for a world of ``world_size`` ranks (``routings``, ``mask_ratios`` and ``min_topk``, at most the
+    number of experts, narrow the draws: a property that needs tokens reaching many ranks asks for it)."""
     num_max = draw(st.sampled_from(max_tokens), label="num_max_tokens_per_rank")
     tokens = draw(
         st.lists(st.integers(0, num_max), min_size=world_size, max_size=world_size),
@@ -49,11 +53,11 @@ def examples(
     example = Example(
         tokens_per_rank=tuple(tokens),
         hidden=draw(st.sampled_from(hidden_sizes), label="hidden"),
-        num_topk=draw(st.integers(1, min(MAX_TOPK, num_experts)), label="num_topk"),
+        num_topk=draw(st.integers(min(min_topk, num_experts), min(MAX_TOPK, num_experts)), label="num_topk"),
         num_experts=num_experts,
         expert_alignment=draw(st.sampled_from(ALIGNMENTS), label="expert_alignment"),
-        routing=draw(st.sampled_from(ROUTINGS), label="routing"),
-        mask_ratio=draw(st.sampled_from(MASK_RATIOS), label="mask_ratio"),
+        routing=draw(st.sampled_from(routings), label="routing"),
+        mask_ratio=draw(st.sampled_from(mask_ratios), label="mask_ratio"),
         payload=draw(st.sampled_from(payloads), label="payload"),
         seed=draw(st.integers(0, 2**32 - 1), label="seed"),
         num_max_tokens_per_rank=num_max,
