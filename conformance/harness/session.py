@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
@@ -86,6 +88,10 @@ class Session:
     """One per pytest(-xdist) worker: owns the world and runs checks against it."""
 
     def __init__(self, config: RunConfig) -> None:
+        # The controller's oracle work is many small tensor ops; with torch's default threads it competes with the
+        # rank processes (which use one thread each) for the same cores: a 2-core machine with 4 ranks took 8.5 s
+        # for what one thread does in 0.2 s.  One thread here too (only in a process that runs the suite).
+        torch.set_num_threads(1)
         self.config = config
         self.recorder = Recorder()
         self.mutant = config.mutant
