@@ -122,6 +122,12 @@ class Session:
             )
         return self._world
 
+    def abandon(self) -> None:
+        """Kill the world at once (the run was interrupted: nothing it would still say is read)."""
+        if self._world is not None:
+            self._world.kill()
+            self._world = None
+
     def close(self) -> None:
         """Shut the world down."""
         if self._world is not None:
