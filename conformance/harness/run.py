@@ -250,6 +250,12 @@ class ConformanceRun:
                 + (f"; running: {'; '.join(running)}" if running else ""),
                 red=entry.status == "failed")
 
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
+        """Ctrl-C or SIGTERM, wherever it landed (an example, a world start, between properties): this process's
+        world is killed now, before the fixtures' teardown would shut it down cleanly (seconds under load)."""
+        if self.session is not None:
+            self.session.abandon()
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if self.is_worker or self.config.option.collectonly:
             return
