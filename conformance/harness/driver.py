@@ -67,7 +67,6 @@ def run_property(session: Any, prop: Property) -> None:
     try:
         _draw(session, prop, configured, recorder, budget)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: stop at once, collect nothing
-        session.abandon()  # its ranks are killed now: a clean shutdown would wait for them (seconds under load)
         raise
     except BaseException:  # a failure or pytest's fail/skip: the calls made so far are still this property's
         session.collect_api_calls()
