@@ -1,0 +1,120 @@
+"""``python -m conformance.serve``: run this host's node of the conformance world (see :mod:`conformance.serve`).
+
+On a remote host::
+
+    python -m conformance.serve --rdzv-endpoint FIRST_HOST:PORT --token-file /shared/world.token
+
+(``FIRST_HOST:PORT`` and the token file are what pytest on the first host was given: ``--rdzv-endpoint`` and
+``--world-token-file``; the token may come from ``$CONFORMANCE_WORLD_TOKEN`` instead.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+import time
+
+from conformance.serve import die_with_parent, run_generation
+from conformance.world.protocol import Refused, connect, node_key, read_token, recv, send
+
+#: Where the controller publishes its control listener in the rendezvous store.
+CONTROL_KEY = "conformance/control"
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m conformance.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rdzv-endpoint", type=_address,
+                   help="the first host's rendezvous store (pytest's --rdzv-endpoint)")
+    p.add_argument("--control", type=_address, help="the controller's control listener (default: read from the store)")
+    p.add_argument("--token-file", help="file holding the world's hex token (default: $CONFORMANCE_WORLD_TOKEN)")
+    p.add_argument("--host-name", default=socket.gethostname(), help="how failures name this host")
+    p.add_argument("--log-dir", help="where this host's rank logs go (default: a temporary directory)")
+    p.add_argument("--join-timeout", type=float, default=600.0,
+                   help="how long to wait for the controller, per generation (seconds)")
+    p.add_argument("--generations", type=int, default=0, help="stop after this many world generations (0: never)")
+    p.add_argument("--local", action="store_true", help="started by the controller on its own host: dies with it, "
+                   "ends when it is gone (not for use by hand)")
+    return p
+
+
+def _control_address(args: argparse.Namespace) -> tuple[str, int]:
+    if args.control:
+        return args.control
+    if not args.rdzv_endpoint:
+        raise SystemExit("conformance.serve: give --rdzv-endpoint HOST:PORT (the first host's) or --control")
+    import datetime
+
+    import torch.distributed as dist
+
+    host, port = args.rdzv_endpoint
+    store = dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=args.join_timeout),
+                          wait_for_workers=False)
+    _, _, control_port = store.get(CONTROL_KEY).decode().rpartition(":")
+    return host, int(control_port)
+
+
+def _join(args: argparse.Namespace, key: bytes, served: int) -> tuple | None:
+    """Connect and say hello; return ``(conn, spec, agent)`` or None when the controller sent this node away."""
+    deadline = time.monotonic() + args.join_timeout
+    while True:
+        try:
+            conn = connect(_control_address(args), "node", key)
+            break
+        except Refused as exc:
+            raise SystemExit(f"conformance.serve on {args.host_name}: {exc}") from None
+        except OSError as exc:
+            if args.local or time.monotonic() > deadline:
+                raise SystemExit(f"conformance.serve on {args.host_name}: no controller reachable ({exc})") from None
+            time.sleep(1.0)
+    send(conn, ("node", {"host": args.host_name, "pid": os.getpid(), "served": served}))
+    reply = recv(conn)
+    if reply[0] != "launch":
+        print(f"conformance.serve on {args.host_name}: the controller refused this node: {reply[1]}", flush=True)
+        conn.close()
+        return None
+    return conn, reply[1], reply[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.local:
+        die_with_parent()
+    key = node_key(read_token(args.token_file))
+    log_dir = args.log_dir or tempfile.mkdtemp(prefix="conformance-node-")
+    import torch  # noqa: F401  (once, here: each generation's agent is forked with it loaded)
+
+    served = 0
+    while not args.generations or served < args.generations:
+        joined = _join(args, key, served)
+        if joined is None:
+            time.sleep(2.0)
+            continue
+        conn, spec, agent = joined
+        served += 1
+        child = os.fork()
+        if child == 0:
+            die_with_parent()
+            try:
+                run_generation(conn, spec, agent, args.host_name, log_dir)
+            finally:
+                os._exit(0)
+        conn.close()
+        _, status = os.waitpid(child, 0)
+        print(f"conformance.serve on {args.host_name}: world generation {spec.generation} ended "
+              f"(agent exit {os.waitstatus_to_exitcode(status)})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
