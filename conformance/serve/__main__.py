@@ -11,6 +11,7 @@ On a remote host::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import sys
@@ -83,7 +84,12 @@ def _join(args: argparse.Namespace, key: bytes, served: int) -> tuple | None:
         print(f"conformance.serve on {args.host_name}: the controller refused this node: {reply[1]}", flush=True)
         conn.close()
         return None
-    return conn, reply[1], reply[2]
+    spec = reply[1]
+    if args.rdzv_endpoint and not args.control:  # the controller may listen on 0.0.0.0: reach it as this node did
+        host = args.rdzv_endpoint[0]
+        spec = dataclasses.replace(spec, rdzv_endpoint=f"{host}:{spec.rdzv_endpoint.rpartition(':')[2]}",
+                                   control=(host, spec.control[1]))
+    return conn, spec, reply[2]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -159,14 +159,11 @@ class World:
         return [r.pid for r in self._ranks]
 
     def describe(self) -> dict[str, Any]:
-        """Which launcher and rendezvous this world uses (for the report)."""
-        import torch
-
+        """Which launcher and rendezvous this world uses, and the hosts of its current nodes (GROUP_RANK order)."""
         host, port = self._store_address()
-        return {"launcher": f"torch.distributed elastic agent (torchrun) {torch.__version__}, "
-                            f"start method {START_METHOD}",
-                "rendezvous": f"c10d at {host}:{port}",
-                "hosts": {str(n.agent): n.host for n in self._nodes} or None}
+        by_group = {int(r.env.get("GROUP_RANK", -1)): r.node.host for r in self._ranks}
+        return describe_engine(f"{host}:{port}", self.shape, self.remote_nodes,
+                               [by_group[g] for g in sorted(by_group)] or None)
 
     def _store_address(self) -> tuple[str, int]:
         host, _, port = self.rdzv_endpoint.rpartition(":")
@@ -459,6 +456,22 @@ class World:
             for (r, _), answer in zip(ranks, answers, strict=True):
                 seen[r.rank] = answer
         return seen
+
+
+def describe_engine(rdzv_endpoint: str, shape: WorldShape, remote_nodes: int = 0,
+                    hosts: list[str] | None = None) -> dict[str, Any]:
+    """The report's account of the engine: launcher, rendezvous, where the nodes run."""
+    import torch
+
+    local = shape.nodes - remote_nodes
+    return {
+        "launcher": f"torch.distributed elastic agent (torchrun) {torch.__version__}, start method {START_METHOD}",
+        "rendezvous": f"c10d at {rdzv_endpoint}" + (" (port 0: a free port per world)" if
+                                                    rdzv_endpoint.endswith(":0") else ""),
+        "hosts": hosts or ([f"{socket.gethostname()} (node agent per node: {local})"]
+                           + ([f"{remote_nodes} remote node(s) via python -m conformance.serve"] if remote_nodes
+                              else [])),
+    }
 
 
 def _check_node_major(ranks: list[_Rank], shape: WorldShape) -> None:
