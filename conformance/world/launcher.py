@@ -106,7 +106,7 @@ class World:
             remote nodes join with ``python -m conformance.serve --rdzv-endpoint HOST:PORT``.
         remote_nodes: how many of ``shape.nodes`` are served by other hosts (the rest are started here).
         token: the world's secret (random by default; remote nodes need it: see ``token_file``).
-        token_file: where to write the token (hex) for remote nodes, if given.
+        token_file: where the token (hex) for remote nodes goes: read from it if it exists, else written to it.
         node_wait_s: how long a start waits for the remote nodes before failing with one message.
     """
 
@@ -208,6 +208,9 @@ class World:
             return
         import torch.distributed as dist
 
+        if self.token is None and self.token_file and os.path.exists(self.token_file):
+            with open(self.token_file) as f:  # a token handed out beforehand (a Kubernetes Secret, a test)
+                self.token = bytes.fromhex(f.read().strip()) or None
         if self.token is None:
             self.token = secrets.token_bytes(32)
         if self.token_file:
