@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from conformance.reporting.gate import HOLDS
 from tests.conftest import ROOT
 
 A_ADDR, B_ADDR, PORT = "10.213.0.1", "10.213.0.2", 29433
@@ -97,7 +98,9 @@ def test_core_properties_pass_across_two_hosts(two_hosts, tmp_path) -> None:
     assert env["launcher"].startswith("torch.distributed elastic agent (torchrun)")
     assert env["rendezvous"] == f"c10d at {A_ADDR}:{PORT}"
     statuses = {p["id"].split("-")[0]: p["status"] for p in report["properties"]}
-    assert {statuses.get(p) for p in ("P1", "P5", "P9")} == {"passed"}, statuses
+    # P9 holds as a documented V1/V2 divergence (the gate's "holds" verdicts)
+    assert all(statuses.get(p) in HOLDS for p in ("P1", "P5", "P9")), statuses
+    assert statuses["P1"] == statuses["P5"] == "passed", statuses
 
 
 def test_a_killed_node_agent_is_reported_with_its_host_and_the_run_goes_on(two_hosts, tmp_path) -> None:
@@ -124,6 +127,8 @@ def test_a_killed_node_agent_is_reported_with_its_host_and_the_run_goes_on(two_h
         node_out = _stop(node)
     report = json.loads((tmp_path / "reports" / "conformance.json").read_text())
     messages = " ".join(p["message"] or "" for p in report["properties"])
+    print("the report on the killed node:", [m for m in messages.split("\n") if "nsB" in m][:3])
     assert "host nsB" in messages, out[-3000:] + "\n--- nsB ---\n" + node_out[-2000:]
-    assert len(report["properties"]) == 2 and report["summary"]["total"] == 2
+    ran = {p["id"].split("-")[0]: p["status"] for p in report["properties"] if p["status"] != "not-run"}
+    assert set(ran) == {"P1", "P5"}, ran  # the run went on: both properties have a verdict
     assert "world generation" in node_out  # nsB's loop saw its agent end and joined the next generation

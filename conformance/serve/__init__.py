@@ -27,12 +27,14 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from conformance.world.protocol import CALL_SLOT_BYTES, OFFSET_BYTES, LaunchSpec, call_file, recv, send
+from conformance.world.protocol import CALL_SLOT_BYTES, OFFSET_BYTES, LaunchSpec, call_file, local_address, recv, send
 from conformance.world.rank import STACK_DUMP_SIGNAL, rank_entry
 
 #: The elastic agent's monitor never acts in a world's lifetime: a rank that dies is the controller's to report
 #: (with its exit status, read here) and the world is retired as a whole; the agent must not restart or reap.
 MONITOR_INTERVAL_S = 10**6
+#: How often a joining node polls the rendezvous store (torch waits 1 s; see :func:`_poll_rendezvous_faster`).
+RENDEZVOUS_POLL_S = 0.05
 _LOG_TAIL_CHARS = 6000
 
 
@@ -44,27 +46,46 @@ def die_with_parent() -> None:
         pass
 
 
-def run_generation(conn: Connection, spec: LaunchSpec, agent: int, host: str, log_dir: str) -> None:
-    """Start this node's ranks for one generation and answer the controller until it lets go."""
+def _poll_rendezvous_faster() -> None:
+    """While other nodes join, torch's c10d rendezvous handler polls the store once a second (a fixed
+    ``_delay(seconds=1)``) and serves the state it read for a second (``_BackendRendezvousStateHolder``'s
+    ``cache_duration=1``): a world of several nodes took >= 1 s to meet however fast its nodes were.  In this node
+    agent only (the ranks' environment is torchrun's all the same), poll and cache for ``RENDEZVOUS_POLL_S``
+    instead.  A torch without these private hooks keeps its 1 s."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as rdzv
+
+    delay = getattr(rdzv, "_delay", None)
+    if callable(delay):
+        rdzv._delay = lambda seconds: delay(RENDEZVOUS_POLL_S if seconds == 1 else seconds)
+    holder = getattr(rdzv, "_BackendRendezvousStateHolder", None)
+    init = getattr(holder, "__init__", None)
+    if holder is not None and not getattr(init, "_conformance", False):
+        def fast_init(self: Any, *args: Any, **kwargs: Any) -> None:
+            init(self, *args, **kwargs)
+            if getattr(self, "_cache_duration", 0) == 1:
+                self._cache_duration = RENDEZVOUS_POLL_S
+
+        fast_init._conformance = True  # type: ignore[attr-defined]
+        holder.__init__ = fast_init
+
+
+def run_generation(conn: Connection, spec: LaunchSpec, agent: int, slot: int, host: str, log_dir: str) -> None:
+    """Start this node's ranks for one generation and answer the controller until it lets go.
+
+    ``slot``: which of this host's nodes this one is (its GPUs are ``spec.gpu_ids[slot * nproc:(slot + 1) * nproc]``).
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     threading.Thread(target=_answer, args=(conn,), name="conformance-node-control", daemon=True).start()
+    _poll_rendezvous_faster()
     config = LaunchConfig(
         min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node, run_id=spec.run_id,
         rdzv_backend="c10d", rdzv_endpoint=spec.rdzv_endpoint,
         rdzv_configs={"is_host": False, "join_timeout": int(spec.start_timeout_s)},
         max_restarts=0, start_method=spec.start_method, monitor_interval=MONITOR_INTERVAL_S,
-        local_addr=_local_address(conn),  # MASTER_ADDR when this node is GROUP_RANK 0: what the others can reach
+        local_addr=local_address(conn),  # MASTER_ADDR when this node is GROUP_RANK 0: what the others can reach
     )
-    elastic_launch(config, rank_entry)(spec, agent, host, log_dir)
-
-
-def _local_address(conn: Connection) -> str:
-    """The address this host reached the controller from (so the other nodes reach this one there too)."""
-    import socket
-
-    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
-        return sock.getsockname()[0]
+    elastic_launch(config, rank_entry)(spec, agent, slot, host, log_dir)
 
 
 def _answer(conn: Connection) -> None:

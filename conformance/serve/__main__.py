@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=float, default=600.0,
                    help="how long to wait for the controller, per generation (seconds)")
     p.add_argument("--generations", type=int, default=0, help="stop after this many world generations (0: never)")
+    p.add_argument("--nodes", type=int, default=1, help="how many nodes of the world this host serves (one loop each, "
+                   "forked from one process that loads torch once)")
     p.add_argument("--local", action="store_true", help="started by the controller on its own host: dies with it, "
                    "ends when it is gone (not for use by hand)")
     return p
@@ -66,7 +68,8 @@ def _control_address(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def _join(args: argparse.Namespace, key: bytes, served: int) -> tuple | None:
-    """Connect and say hello; return ``(conn, spec, agent)`` or None when the controller sent this node away."""
+    """Connect and say hello; return ``(conn, spec, agent, gpu slot)``, or None when the controller sent this node away
+    or went away."""
     deadline = time.monotonic() + args.join_timeout
     while True:
         try:
@@ -78,8 +81,12 @@ def _join(args: argparse.Namespace, key: bytes, served: int) -> tuple | None:
             if args.local or time.monotonic() > deadline:
                 raise SystemExit(f"conformance.serve on {args.host_name}: no controller reachable ({exc})") from None
             time.sleep(1.0)
-    send(conn, ("node", {"host": args.host_name, "pid": os.getpid(), "served": served}))
-    reply = recv(conn)
+    try:
+        send(conn, ("node", {"host": args.host_name, "pid": os.getpid(), "root": _root_pid, "served": served}))
+        reply = recv(conn)
+    except (EOFError, OSError):  # the controller closed its world (a run ended) before launching this node
+        conn.close()
+        return None
     if reply[0] != "launch":
         print(f"conformance.serve on {args.host_name}: the controller refused this node: {reply[1]}", flush=True)
         conn.close()
@@ -89,30 +96,62 @@ def _join(args: argparse.Namespace, key: bytes, served: int) -> tuple | None:
         host = args.rdzv_endpoint[0]
         spec = dataclasses.replace(spec, rdzv_endpoint=f"{host}:{spec.rdzv_endpoint.rpartition(':')[2]}",
                                    control=(host, spec.control[1]))
-    return conn, spec, reply[2]
+    return conn, spec, reply[2], reply[3]
+
+
+_root_pid = os.getpid()
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _root_pid
     args = _parser().parse_args(argv)
     if args.local:
         die_with_parent()
+    if args.nodes < 1:
+        raise SystemExit(f"conformance.serve: --nodes must be at least 1, got {args.nodes}")
     key = node_key(read_token(args.token_file))
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="conformance-node-")
-    import torch  # noqa: F401  (once, here: each generation's agent is forked with it loaded)
+    import torch  # noqa: F401  (once, here: each node loop and each generation's agent is forked with it loaded)
 
+    _root_pid = os.getpid()
+    if args.nodes == 1:
+        return _serve_loop(args, key, log_dir)
+    loops: dict[int, int] = {}  # pid -> loop number: one forked loop per node this host serves, kept running
+    while True:
+        for number in set(range(args.nodes)) - set(loops.values()):
+            child = os.fork()
+            if child == 0:
+                die_with_parent()
+                code = 1
+                try:
+                    code = _serve_loop(args, key, log_dir)
+                finally:
+                    os._exit(code)
+            loops[child] = number
+        pid, status = os.wait()
+        loops.pop(pid, None)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0 or args.generations:  # a loop that was refused, or that served its generations: stop them all
+            for other in loops:
+                os.kill(other, 9)
+            return code
+
+
+def _serve_loop(args: argparse.Namespace, key: bytes, log_dir: str) -> int:
+    """One node: join each world generation, run its elastic agent in a forked child, wait for it to end."""
     served = 0
     while not args.generations or served < args.generations:
         joined = _join(args, key, served)
         if joined is None:
             time.sleep(2.0)
             continue
-        conn, spec, agent = joined
+        conn, spec, agent, slot = joined
         served += 1
         child = os.fork()
         if child == 0:
             die_with_parent()
             try:
-                run_generation(conn, spec, agent, args.host_name, log_dir)
+                run_generation(conn, spec, agent, slot, args.host_name, log_dir)
             finally:
                 os._exit(0)
         conn.close()

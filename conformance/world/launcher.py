@@ -1,8 +1,9 @@
 """The controller side of the rank world.
 
 One :class:`World` per pytest(-xdist) worker.  Its ranks are started by torch's elastic agent, the engine of
-``torchrun`` (``torch.distributed.launcher.api.elastic_launch``), one agent per node: on this host a node agent
-(``python -m conformance.serve --local``) per node, which dies with the controller; on other hosts the loop
+``torchrun`` (``torch.distributed.launcher.api.elastic_launch``), one agent per node: on this host the nodes of
+one ``python -m conformance.serve --local --nodes K`` process (torch loaded once, a loop forked per node), which dies
+with the controller; on other hosts the loop
 ``python -m conformance.serve --rdzv-endpoint HOST:PORT`` joins each world generation.  The controller hosts the
 c10d rendezvous store (a multi-tenant ``TCPStore``) and an authenticated control listener
 (:mod:`conformance.world.protocol`); the ranks get torchrun's environment (``GROUP_RANK`` from the rendezvous) and
@@ -132,16 +133,19 @@ class World:
     _listener: Any = field(default=None, repr=False)
     _arrivals: Any = field(default=None, repr=False)
     _own_log_dir: bool = field(default=False, repr=False)
-    _local: list[subprocess.Popen] = field(default_factory=list, repr=False)
+    #: This host's node-agent processes and how many nodes each serves.
+    _local: list[tuple[subprocess.Popen, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.rank_setup not in ("isolated", "recorder", "shared"):
             raise WorldError(f"rank_setup must be 'isolated', 'recorder' or 'shared', got {self.rank_setup!r}")
         if self.device not in ("cpu", "cuda"):
             raise WorldError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.device == "cuda" and len(self.gpu_ids) < (1 if self.rank_setup == "shared" else self.shape.size):
+        # GPUs this host needs: its nodes' (a node on another host uses that host's first ones; see _gather_nodes)
+        here = max(1, self.shape.nodes - self.remote_nodes) * self.shape.ranks_per_node
+        if self.device == "cuda" and len(self.gpu_ids) < (1 if self.rank_setup == "shared" else here):
             raise WorldError(
-                f"a CUDA world of {self.shape.size} ranks needs {self.shape.size} GPUs, "
+                f"a CUDA world of {self.shape.size} ranks needs {here} GPUs on this host, "
                 f"but this worker was given {len(self.gpu_ids)}: {list(self.gpu_ids)}"
             )
         if not 0 <= self.remote_nodes <= self.shape.nodes:
@@ -177,7 +181,14 @@ class World:
             self.log_dir = tempfile.mkdtemp(prefix="conformance-world-")
             self._own_log_dir = True
         os.makedirs(self.log_dir, exist_ok=True)
-        self._open()
+        self._open_control()
+        self._local = [(p, k) for p, k in self._local if p.poll() is None]
+        missing = self.shape.nodes - self.remote_nodes - sum(k for _, k in self._local)
+        if missing > 0:  # one process serves all of this host's nodes (torch loads once; a loop per node)
+            host = self._store_address()[0]
+            self._local.append((self._spawn_nodes(("127.0.0.1" if host in ("0.0.0.0", "") else host,
+                                                   self._listener.address[1]), missing), missing))
+        self._open_store()  # while the node agents import torch
         self.starts += 1
         generation = self.starts
         host, port = self._store_address()
@@ -188,11 +199,8 @@ class World:
             start_method=START_METHOD, start_timeout_s=self.start_timeout_s, device=self.device,
             rank_setup=self.rank_setup, gpu_ids=tuple(self.gpu_ids), env=dict(self.env))
         self._keys = {"node": protocol.node_key(self.token), f"rank {generation}": spec.rank_key}
-        self._local = [p for p in self._local if p.poll() is None]
-        self._local += [self._spawn_node(spec.control)
-                        for _ in range(self.shape.nodes - self.remote_nodes - len(self._local))]
         try:
-            self._gather_nodes(spec, self._local)
+            self._gather_nodes(spec, [p for p, _ in self._local])
             self._gather_ranks(spec)
             self._collect("<start-up>", self.start_timeout_s, expect="ready")
         except RankFailure as failure:
@@ -202,12 +210,10 @@ class World:
             self.kill()
             raise
 
-    def _open(self) -> None:
-        """The rendezvous store and the control listener: made once, kept across generations."""
-        if self._store is not None:
+    def _open_control(self) -> None:
+        """The control listener (and the world's token): made once, kept across generations."""
+        if self._listener is not None:
             return
-        import torch.distributed as dist
-
         if self.token is None and self.token_file and os.path.exists(self.token_file):
             with open(self.token_file) as f:  # a token handed out beforehand (a Kubernetes Secret, a test)
                 self.token = bytes.fromhex(f.read().strip()) or None
@@ -216,15 +222,22 @@ class World:
         if self.token_file:
             with open(self.token_file, "w") as f:
                 f.write(self.token.hex() + "\n")
-        host, port = self._store_address()
-        self._store = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=30),
-                                    wait_for_workers=False, multi_tenant=True)
-        self._listener = Listener((host, 0))
-        self._store.set(CONTROL_KEY, f"{host}:{self._listener.address[1]}")
-        self._keys: dict[str, bytes] = {}
+        self._listener = Listener((self._store_address()[0], 0))
+        self._keys: dict[str, bytes] = {"node": protocol.node_key(self.token)}
         self._arrivals = queue.Queue()
         threading.Thread(target=self._accept, args=(self._listener, self._arrivals), name="conformance-control",
                          daemon=True).start()
+
+    def _open_store(self) -> None:
+        """The c10d rendezvous store (remote nodes find the control listener's port in it): made once."""
+        if self._store is not None:
+            return
+        import torch.distributed as dist
+
+        host, port = self._store_address()
+        self._store = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=30),
+                                    wait_for_workers=False, multi_tenant=True)
+        self._store.set(CONTROL_KEY, f"{host}:{self._listener.address[1]}")
 
     def _accept(self, listener: Listener, arrivals: queue.Queue) -> None:
         """Accept every connection at once (the handshake needs it), authenticate each in its own thread."""
@@ -250,12 +263,15 @@ class World:
             return
         arrivals.put((role, conn, peer, hello))
 
-    def _spawn_node(self, control: tuple[str, int]) -> subprocess.Popen:
+    def _spawn_nodes(self, control: tuple[str, int], nodes: int) -> subprocess.Popen:
         env = dict(os.environ, **{protocol.TOKEN_ENV: self.token.hex(), "OMP_NUM_THREADS": "1"})
         return subprocess.Popen(
-            [sys.executable, "-m", "conformance.serve", "--local", "--control", f"{control[0]}:{control[1]}",
+            [sys.executable, "-m", "conformance.serve", "--local", "--nodes", str(nodes),
+             "--control", f"{control[0]}:{control[1]}",
              "--log-dir", self.log_dir, "--host-name", socket.gethostname()],
-            env=env, stdin=subprocess.DEVNULL, start_new_session=False)
+            # its own session: a Ctrl-C in the terminal is the controller's to handle (it ends the generation);
+            # the node agent dies with the controller all the same (PDEATHSIG)
+            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _next_arrival(self, deadline: float, waiting_for: str) -> tuple:
         remaining = deadline - time.monotonic()
@@ -278,9 +294,11 @@ class World:
                 protocol.send(conn, ("refused", f"a {role} arrived before the nodes"))
                 conn.close()
                 continue
-            node = _Node(have, conn, hello[1]["host"], peer, by_pid.get(hello[1]["pid"]))
+            node = _Node(have, conn, hello[1]["host"], peer, by_pid.get(hello[1].get("root", hello[1]["pid"])))
+            # GPU slot: this host's nodes split the worker's GPU ids; a node on another host uses the first slot
+            slot = sum(n.process is not None for n in self._nodes) if node.process is not None else 0
             try:
-                protocol.send(conn, ("launch", spec, node.agent))
+                protocol.send(conn, ("launch", spec, node.agent, slot))
             except OSError:  # a node that joined early and went away since
                 conn.close()
                 continue
@@ -320,9 +338,9 @@ class World:
             except RankFailure:
                 pass
         self.kill()
-        for p in self._local:
+        for p, _ in self._local:
             p.kill()
-        for p in self._local:
+        for p, _ in self._local:
             p.wait(10)
         self._local = []
         if self._listener is not None:

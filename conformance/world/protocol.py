@@ -92,6 +92,28 @@ def connect(address: tuple[str, int], role: str, key: bytes) -> Connection:
     return conn
 
 
+def local_address(conn: Connection) -> str:
+    """The address this host reached the other end of ``conn`` from (where the other hosts reach this one)."""
+    with socket.socket(fileno=os.dup(conn.fileno())) as sock:
+        return sock.getsockname()[0]
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that has ``address`` (Linux), or None."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return None
+
+
 def accept(conn: Connection, keys: dict[str, bytes]) -> str:
     """The controller's half of :func:`connect`: read the role, authenticate it; return the role.
 

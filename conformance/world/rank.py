@@ -30,7 +30,16 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from conformance.world.protocol import CALL_SLOT_BYTES, OFFSET_BYTES, LaunchSpec, call_file, connect, log_path
+from conformance.world.protocol import (
+    CALL_SLOT_BYTES,
+    OFFSET_BYTES,
+    LaunchSpec,
+    call_file,
+    connect,
+    interface_of,
+    local_address,
+    log_path,
+)
 
 #: Signal that makes every rank dump its Python stacks into its log.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
@@ -241,10 +250,11 @@ def _shutdown() -> None:
         dist.destroy_process_group()
 
 
-def rank_entry(spec: LaunchSpec, agent: int, host: str, log_dir: str) -> None:
+def rank_entry(spec: LaunchSpec, agent: int, slot: int, host: str, log_dir: str) -> None:
     """Entry point of a rank process: the function torch's elastic agent runs (``elastic_launch``).
 
-    ``agent`` is the controller's number for the node agent that started this rank, ``host`` that node's name."""
+    ``agent`` is the controller's number for the node agent that started this rank, ``slot`` which of its host's
+    nodes that is (it picks the GPUs), ``host`` that node's name."""
     global _context, _call_fd
     env = os.environ
     rank, node = int(env["RANK"]), int(env["GROUP_RANK"])  # GROUP_RANK: the node's place in the rendezvous
@@ -257,7 +267,7 @@ def rank_entry(spec: LaunchSpec, agent: int, host: str, log_dir: str) -> None:
         # "isolated": each rank sees only its own GPU; "recorder": every rank sees the node's GPUs and picks
         # LOCAL_RANK (the set-up fixtures/deepep-real was recorded with); "shared": all on the first one.
         local, per_node = int(env["LOCAL_RANK"]), spec.nproc_per_node
-        node_gpus = spec.gpu_ids[node * per_node:(node + 1) * per_node]
+        node_gpus = spec.gpu_ids[slot * per_node:(slot + 1) * per_node]
         env["CUDA_VISIBLE_DEVICES"] = {"recorder": ",".join(node_gpus), "shared": spec.gpu_ids[0]}.get(
             spec.rank_setup, node_gpus[local] if local < len(node_gpus) else "")
     _die_with_parent(os.getppid())
@@ -266,6 +276,10 @@ def rank_entry(spec: LaunchSpec, agent: int, host: str, log_dir: str) -> None:
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
     conn = connect(spec.control, f"rank {spec.generation}", spec.rank_key)
+    # gloo binds to the address the host name resolves to, often 127.0.x.1 (/etc/hosts): on several hosts, use the
+    # interface this rank reaches the controller through instead (an explicit GLOO_SOCKET_IFNAME wins)
+    if "GLOO_SOCKET_IFNAME" not in env and (interface := interface_of(local_address(conn))):
+        env["GLOO_SOCKET_IFNAME"] = interface
     _send(conn, ("hello", {"rank": rank, "node": node, "agent": agent, "pid": os.getpid(), "host": host,
                            "log": path, "env": {k: env.get(k, "") for k in _TORCHRUN_KEYS}}))
     try:
