@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the library model", ("conformance.emulation",)),
     ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors")),
     ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants",
-                   "conformance.integrations")),
+                   "conformance.integrations", "conformance.serve")),
     ("controller foundations", ("conformance.oracle", "conformance.strategies", "conformance.canonical",
                                 "conformance.assertions", "conformance.world.launcher")),
     ("properties", ("conformance.properties",)),

@@ -29,10 +29,15 @@ def _catalog_size() -> int:
 PROPERTIES = _catalog_size()
 
 
+#: Every process a run under test starts inherits this variable (its value: the run's tag), node agents and ranks
+#: too, which live in their own session: the check below finds them wherever they are.
+RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
+
+
 def _pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,
             ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run pytest in its own process group; fail if any process of that group outlives it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    """Run pytest in its own process group; fail if any process it started outlives it."""
+    env = tagged({**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -42,17 +47,37 @@ def _pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     took = time.monotonic() - started
-    assert_group_gone(proc.pid)
+    assert_group_gone(proc.pid, env[RUN_TAG])
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
 
 
-def assert_group_gone(pgid: int, grace_s: float = 5.0) -> None:
-    """No process of process group ``pgid`` (pytest, its xdist workers, their rank processes) is alive."""
+def tagged(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with a fresh run tag (see :func:`assert_group_gone`)."""
+    return {**env, RUN_TAG: f"{os.getpid()}-{time.monotonic_ns()}"}
+
+
+def _tagged_pids(tag: str) -> list[str]:
+    needle = f"{RUN_TAG}={tag}".encode()
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def assert_group_gone(pgid: int, tag: str, grace_s: float = 5.0) -> None:
+    """No process of the run is alive: of process group ``pgid`` (pytest, its xdist workers) or carrying its tag
+    (node agents and ranks, in their own session)."""
     deadline = time.monotonic() + grace_s
     while True:
-        out = subprocess.run(["ps", "-eo", "pgid=,stat=,args="], capture_output=True, text=True).stdout
-        rows = [line.split(None, 2) for line in out.splitlines() if line.strip()]
-        left = [" ".join(row) for row in rows if row[0] == str(pgid) and not row[1].startswith("Z")]
+        out = subprocess.run(["ps", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True).stdout
+        rows = [line.split(None, 3) for line in out.splitlines() if line.strip()]
+        mine = set(_tagged_pids(tag))
+        left = [" ".join(row) for row in rows if (row[1] == str(pgid) or row[0] in mine) and not row[2].startswith("Z")]
         if not left or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -301,7 +326,7 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
     """Ctrl-C, ``timeout`` and a plain ``kill``: the run stops within seconds, reports what finished as a partial
     run, and leaves no worker or rank process behind."""
     reports = tmp_path / "reports"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = tagged({**os.environ, "PYTHONPATH": str(ROOT)})
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--nodes", "2", f"--report-dir={reports}",
                              "--max-examples", "200", "-v"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -328,7 +353,7 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
     print(f"{how}: exit {proc.returncode} {took:.1f} s after the signal")
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, "".join(lines)[-2000:] + out[-2000:]
     assert took <= 10, f"took {took:.1f} s to stop"
-    assert_group_gone(proc.pid)
+    assert_group_gone(proc.pid, env[RUN_TAG])
     report = _report(reports)
     assert report["complete"] is False and report["incomplete_reason"].startswith("the run was interrupted")
     assert report["not_run"] and len(report["not_run"]) < PROPERTIES, report["not_run"]

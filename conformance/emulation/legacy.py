@@ -256,8 +256,9 @@ class Buffer(LowLatencyMixin):
         """
         check(self.explicitly_destroy, "v1_destroy_not_explicit")
         check(self.runtime is not None, "v1_destroy_twice")
-        if self.num_nvl_bytes > 0:
-            check(self._topo.ranks_per_node in SUPPORTED_NVL_RANKS, "v1_destroy_unsupported_ranks")
+        if self.num_nvl_bytes > 0:  # the library's NVLink ranks: min(num_ranks, 8); an emulated node is 8 GPUs
+            nvl_ranks = NUM_MAX_NVL_PEERS if self._internode else self.group_size
+            check(nvl_ranks in SUPPORTED_NVL_RANKS, "v1_destroy_unsupported_ranks")
         self.runtime = None
 
     def _check_alive(self, row_id: str) -> None:

@@ -40,6 +40,12 @@ class RunConfig:
     known_defects: str = "auto"
     #: Hypothesis' example database (failing examples, replayed first next time); ``None``: no database.
     database_dir: str | None = None
+    #: Where the world's c10d rendezvous store listens (``HOST:PORT``; port 0: any free one, this host only).
+    rdzv_endpoint: str = "127.0.0.1:0"
+    #: Nodes served by other hosts (``python -m conformance.serve --rdzv-endpoint ...``), and how long to wait.
+    remote_nodes: int = 0
+    world_token_file: str | None = None
+    node_wait_s: float = 300.0
 
     @property
     def world_size(self) -> int:

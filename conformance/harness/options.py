@@ -80,6 +80,15 @@ OPTIONS: tuple[Option, ...] = (
            "third-party code: emulation (conformance.emulation under the name deep_ep), real, or auto (the real "
            "library where it imports and the ranks have GPUs, else the emulation); default: no alias "
            "(environment variable CONFORMANCE_DEEP_EP)", str, None, "MODE", DEEP_EP_MODES),
+    Option("--rdzv-endpoint", "HOST:PORT the world's c10d rendezvous store listens on; other hosts join with "
+           "'python -m conformance.serve --rdzv-endpoint HOST:PORT --token-file FILE' (default 127.0.0.1:0: this "
+           "host only, any free port)", str, "127.0.0.1:0", "HOST:PORT"),
+    Option("--remote-nodes", "how many of the --nodes are served by other hosts (default 0: every node's agent is "
+           "started here)", int, 0, "K"),
+    Option("--world-token-file", "write the world's secret token (hex) to FILE, for the other hosts' "
+           "--token-file (default: a random token nobody else learns)", str, None, "FILE"),
+    Option("--node-wait", "seconds a world start waits for the remote nodes before failing (default 300)", float,
+           300.0, "S"),
     Option("--write-baseline", "also write this run's conformance.json to FILE, for a later --baseline (refused "
            "for a partial run unless --allow-partial)", str, None, "FILE"),
 )
@@ -194,6 +203,12 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     shape = WorldShape(v["nodes"], v["ranks_per_node"])
+    if not 0 <= v["remote_nodes"] <= v["nodes"]:
+        raise SetupError(f"--remote-nodes must be between 0 and --nodes ({v['nodes']}), got {v['remote_nodes']}")
+    if v["remote_nodes"] and workers > 1:
+        raise SetupError("--remote-nodes: the other hosts join one world at --rdzv-endpoint: run without -n")
+    if v["remote_nodes"] and v["rdzv_endpoint"].endswith(":0"):
+        raise SetupError("--remote-nodes needs a fixed --rdzv-endpoint HOST:PORT the other hosts can reach")
     deep_ep = deep_ep_option(v)
     real_asked = wants_real(v["backends"])
     if real_asked and deep_ep == "emulation":
@@ -320,4 +335,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         plugin_probes={spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
         known_defects=known_defects,
         database_dir=os.path.join(os.path.abspath(v["report_dir"]), "hypothesis"),
+        rdzv_endpoint=v["rdzv_endpoint"],
+        remote_nodes=v["remote_nodes"],
+        world_token_file=v["world_token_file"],
+        node_wait_s=v["node_wait"],
     )

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from conformance.harness.options import Machine, SetupError, build_run_config, option_values
+from conformance.world.launcher import describe_engine
 
 #: Key of the resolved set-up handed from the xdist controller to its workers.
 WORKER_INPUT = "conformance_run"
@@ -143,6 +144,8 @@ class ConformanceRun:
         kinds = ", ".join(f"{b.name} ({describe_kind(b)})" for b in run.backends)
         lines = [f"conformance: backends {kinds}; world {run.shape.nodes} node(s) x {run.shape.ranks_per_node} "
                  f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"]
+        engine = describe_engine(run.rdzv_endpoint, run.shape, run.remote_nodes)
+        lines.append(f"conformance: launcher {engine['launcher']}; rendezvous {engine['rendezvous']}")
         return lines + [f"conformance: {note}" for note in run.notes]
 
     # ---------------------------------------------------------------------------------- the worker side

@@ -118,7 +118,9 @@ class Session:
         if self._world is None:
             self._world = World(
                 self.config.shape, device=self.config.device, gpu_ids=self.config.gpu_ids, env=self.config.rank_env,
-                rank_setup=self.config.rank_setup,
+                rank_setup=self.config.rank_setup, rdzv_endpoint=self.config.rdzv_endpoint,
+                remote_nodes=self.config.remote_nodes, token_file=self.config.world_token_file,
+                node_wait_s=self.config.node_wait_s,
             )
         return self._world
 

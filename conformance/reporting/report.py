@@ -25,6 +25,7 @@ from conformance.harness.config import RunConfig
 from conformance.properties import sort_key
 from conformance.reporting.gate import compare
 from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, short_column
+from conformance.world.launcher import describe_engine
 
 USER_PROPERTY = "conformance"
 SCHEMA = 3
@@ -291,6 +292,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "nodes": config.shape.nodes,
         "ranks_per_node": config.shape.ranks_per_node,
         "device": config.device,
+        **describe_engine(config.rdzv_endpoint, config.shape, config.remote_nodes),
         "seed": seed,
         "mutant": config.mutant,
         "known_defects": _known_defects_path(config),
@@ -623,6 +625,8 @@ def markdown(document: dict[str, Any]) -> str:
         *[line for text in top for line in (text, "")],
         f"- backends: {backends}",
         f"- world: {env['nodes']} node(s) x {env['ranks_per_node']} rank(s), device {env['device']}",
+        f"- launcher: {env.get('launcher')}; rendezvous: {env.get('rendezvous')}; hosts: "
+        f"{', '.join(env.get('hosts') or [])}",
         f"- torch {env['torch']}, deep_ep {env['deep_ep']}, seed {env['seed']}"
         + (f", mutant {env['mutant']}" if env.get("mutant") else ""),
         f"- known defects: {env.get('known_defects') or 'none'}",

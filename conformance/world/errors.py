@@ -19,6 +19,7 @@ class RankFailure(RuntimeError):
         culprits: list[int] | None = None,
         calls: dict[int, str] | None = None,
         signals: dict[int, str] | None = None,
+        hosts: dict[int, str] | None = None,
     ) -> None:
         self.target = target
         self.per_rank = per_rank
@@ -27,11 +28,14 @@ class RankFailure(RuntimeError):
         self.calls = dict(calls or {})
         #: rank -> the signal that killed it (``SIGSEGV``), for crashed ranks.
         self.signals = dict(signals or {})
+        #: rank -> the host it ran on (named in the headline when the world spans several hosts).
+        self.hosts = dict(hosts or {})
+        on = (lambda r: f" on host {self.hosts[r]}") if len(set(self.hosts.values())) > 1 else (lambda r: "")
         waiting = sorted(set(per_rank) - set(self.culprits))
         headline = f"{target}: {self.kind} on rank(s) {self.culprits}"
-        where = [f"rank {r}" + (f" by {self.signals[r]}" if r in self.signals else "")
+        where = [f"rank {r}" + on(r) + (f" by {self.signals[r]}" if r in self.signals else "")
                  + (f" in {describe_call(self.calls[r])}" if self.calls.get(r) else "") for r in self.culprits]
-        if any(r in self.signals or self.calls.get(r) for r in self.culprits):
+        if any(r in self.signals or self.calls.get(r) or on(r) for r in self.culprits):
             headline += " (" + "; ".join(where) + ")"
         if waiting:
             headline += f"; rank(s) {waiting} were still running (their stacks follow)"

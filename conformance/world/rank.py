@@ -1,6 +1,9 @@
 """The rank process: joins the process group, then runs tasks sent by the controller until told to stop.
 
-Runs in a spawned process.  Tasks are module-level functions the controller sends by reference (or names as
+Started by torch's elastic agent (the engine of ``torchrun``, driven by :mod:`conformance.serve`) with torchrun's
+environment (``RANK``, ``LOCAL_RANK``, ``GROUP_RANK`` from the c10d rendezvous, ``MASTER_ADDR/PORT``...); it connects
+back to the controller over an authenticated connection (:mod:`conformance.world.protocol`).  Tasks are
+module-level functions the controller sends by reference (or names as
 ``"module:function"``); they are called with the arguments the controller sent, inside the initialised world,
 and their return value goes back pickled.  Per-process
 state that must outlive one task (communication buffers, which are expensive to build) lives in
@@ -27,11 +30,19 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from conformance.world.protocol import (
+    CALL_SLOT_BYTES,
+    OFFSET_BYTES,
+    LaunchSpec,
+    call_file,
+    connect,
+    interface_of,
+    local_address,
+    log_path,
+)
+
 #: Signal that makes every rank dump its Python stacks into its log.
 STACK_DUMP_SIGNAL = signal.SIGUSR1
-
-#: Bytes of the per-rank "current call" file (see :func:`current_call`).
-CALL_SLOT_BYTES = 512
 
 _cache: dict[Any, Any] = {}
 _shutdown_hooks: list[Callable[[], None]] = []
@@ -98,14 +109,17 @@ def on_shutdown(hook: Callable[[], None]) -> None:
     _shutdown_hooks.append(hook)
 
 
-def call_file(log_path: str) -> str:
-    """Where the rank writing ``log_path`` keeps the name of the library call it is in (read after a crash)."""
-    return log_path + ".call"
-
-
 def _write_call(text: str) -> None:
     if _call_fd is not None:
         os.pwrite(_call_fd, text.encode()[:CALL_SLOT_BYTES].ljust(CALL_SLOT_BYTES, b"\0"), 0)
+
+
+def _note_log_offset() -> None:
+    """Note where this task's part of the log starts (the node agent returns the log from there on failure)."""
+    if _call_fd is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.pwrite(_call_fd, str(os.lseek(1, 0, os.SEEK_END)).encode().rjust(OFFSET_BYTES), CALL_SLOT_BYTES)
 
 
 _labels: list[str] = []
@@ -184,8 +198,11 @@ def _init_process_group(timeout_s: float) -> RankContext:
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(gpu)
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
-                          timeout=datetime.timedelta(seconds=timeout_s))
+    # MASTER_ADDR/PORT: the store torchrun's agent of node 0 hosts for the workers (its TCPStore sharing); this
+    # generation's keys live under its run id all the same.
+    store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"] + "/ranks", dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s)))
     dist.init_process_group(
         backend=backend,
         store=store,
@@ -233,22 +250,40 @@ def _shutdown() -> None:
         dist.destroy_process_group()
 
 
-def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: int, timeout_s: float) -> None:
-    """Entry point of a rank process (target of the spawned ``multiprocessing.Process``)."""
+def rank_entry(spec: LaunchSpec, agent: int, slot: int, host: str, log_dir: str) -> None:
+    """Entry point of a rank process: the function torch's elastic agent runs (``elastic_launch``).
+
+    ``agent`` is the controller's number for the node agent that started this rank, ``slot`` which of its host's
+    nodes that is (it picks the GPUs), ``host`` that node's name."""
     global _context, _call_fd
-    _redirect_output(log_path)
-    os.environ.update(env)
-    _die_with_parent(parent_pid)
+    env = os.environ
+    rank, node = int(env["RANK"]), int(env["GROUP_RANK"])  # GROUP_RANK: the node's place in the rendezvous
+    path = log_path(log_dir, spec.generation, rank)
+    _redirect_output(path)
+    env.update(spec.env)
+    env.update({"CONFORMANCE_DEVICE": spec.device, "CONFORMANCE_RANK_SETUP": spec.rank_setup,
+                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    if spec.device == "cuda":
+        # "isolated": each rank sees only its own GPU; "recorder": every rank sees the node's GPUs and picks
+        # LOCAL_RANK (the set-up fixtures/deepep-real was recorded with); "shared": all on the first one.
+        local, per_node = int(env["LOCAL_RANK"]), spec.nproc_per_node
+        node_gpus = spec.gpu_ids[slot * per_node:(slot + 1) * per_node]
+        env["CUDA_VISIBLE_DEVICES"] = {"recorder": ",".join(node_gpus), "shared": spec.gpu_ids[0]}.get(
+            spec.rank_setup, node_gpus[local] if local < len(node_gpus) else "")
+    _die_with_parent(os.getppid())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle; it kills the ranks
-    _call_fd = os.open(call_file(log_path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    _call_fd = os.open(call_file(path), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(STACK_DUMP_SIGNAL, file=sys.stderr, all_threads=True)
+    conn = connect(spec.control, f"rank {spec.generation}", spec.rank_key)
+    # gloo binds to the address the host name resolves to, often 127.0.x.1 (/etc/hosts): on several hosts, use the
+    # interface this rank reaches the controller through instead (an explicit GLOO_SOCKET_IFNAME wins)
+    if "GLOO_SOCKET_IFNAME" not in env and (interface := interface_of(local_address(conn))):
+        env["GLOO_SOCKET_IFNAME"] = interface
+    _send(conn, ("hello", {"rank": rank, "node": node, "agent": agent, "pid": os.getpid(), "host": host,
+                           "log": path, "env": {k: env.get(k, "") for k in _TORCHRUN_KEYS}}))
     try:
-        _context = _init_process_group(timeout_s)
-    except BaseException:
-        _send(conn, ("error", traceback.format_exc()))
-        raise
-    try:
+        _context = _init_process_group(spec.start_timeout_s)
         from conformance.backends.alias import apply_from_environment
 
         deep_ep = apply_from_environment()  # opt-in: ``import deep_ep`` resolves as --deep-ep says (alias.ENV)
@@ -256,16 +291,28 @@ def rank_main(conn: Connection, env: dict[str, str], log_path: str, parent_pid: 
         _send(conn, ("error", traceback.format_exc()))
         raise
     _send(conn, ("ready", {"pid": os.getpid(), "rank": _context.rank, "deep_ep": deep_ep}))
+    _serve(conn)
+
+
+#: The torchrun variables a rank reports in its hello (the controller checks the numbering is node-major).
+_TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+
+def _serve(conn: Connection) -> None:
     while True:
         try:
             message = pickle.loads(conn.recv_bytes())
-        except EOFError:  # controller went away
+        except (EOFError, OSError):  # controller went away
             os._exit(71)
         if message[0] == "shutdown":
             _shutdown()
             _send(conn, ("bye", None))
-            return
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)  # the elastic agent is not waited for: the node agent ends it
         _, target, args, kwargs = message
+        _note_log_offset()
         try:
             task = _resolve(target) if isinstance(target, str) else target
             with current_call(target if isinstance(target, str) else f"{task.__module__}:{task.__qualname__}"):
