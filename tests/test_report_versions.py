@@ -82,3 +82,27 @@ def test_a_stored_counterexample_comes_back_first(tmp_path: Path) -> None:
     assert again["counterexample"] == entry["counterexample"]
     assert again["first_failure_at"] == 1 < before, (before, again["first_failure_at"])
     assert f"--conformance-seed 1 --max-examples 10 --report-dir {tmp_path / 'reports'}" in again["rerun"]
+
+
+def test_a_known_defect_that_kills_the_process_is_reported_as_known_not_failed(tmp_path: Path) -> None:
+    """A library defect that crashes the rank (the real V1's SIGFPE in low_latency_combine) is matched by its
+    known-defects entry like a wrong result: the property is known-defect, the world restarts, the run goes on;
+    without the entry the same run fails."""
+    entries = tmp_path / "known.toml"
+    entries.write_text('''[[defect]]
+id = "v2-dispatch-killed"
+property = "P1-per-expert-payloads"
+backend = "emulated-v2"
+message = "SIGKILL in ElasticBuffer\\\\.dispatch"
+reproduction = "pytest --mutant rank-dies-in-dispatch"
+wrong = "the last rank dies inside ElasticBuffer.dispatch"
+''')
+    args = ["conformance/properties/test_p01_payloads.py", "--max-examples", "4", "--conformance-seed", "3",
+            "-p", "no:xdist", "--mutant", "rank-dies-in-dispatch"]
+    proc, report = run_suite([*args, f"--known-defects={entries}"], tmp_path / "known")
+    p1 = next(p for p in report["properties"] if p["id"] == "P1-per-expert-payloads")
+    assert proc.returncode == 0 and p1["status"] == "known-defect", proc.stdout[-3000:]
+    assert p1["verdicts"]["emulated-v2"]["defects"]["v2-dispatch-killed"] >= 1, p1["verdicts"]
+    plain, report = run_suite([*args, "--known-defects=none"], tmp_path / "plain")
+    p1 = next(p for p in report["properties"] if p["id"] == "P1-per-expert-payloads")
+    assert plain.returncode == 1 and p1["status"] == "failed", plain.stdout[-3000:]

@@ -114,3 +114,35 @@ def all_gather_rows(
             part = torch.empty((rows, 0), dtype=tensor.dtype, device=tensor.device)
         result.append(part.reshape((rows,) + row_shape))
     return result
+
+
+def all_gather_fields(
+    group: dist.ProcessGroup, fields: dict[str, torch.Tensor], counts: Sequence[int]
+) -> dict[str, list[torch.Tensor]]:
+    """:func:`all_gather_rows` of several row-aligned tensors (same first dimension) in one collective: each row's
+    bytes of every field side by side, gathered once, split again.  Returns, per field, one tensor per rank."""
+    if len(fields) <= 1:
+        return {name: all_gather_rows(group, tensor, counts) for name, tensor in fields.items()}
+    first = next(iter(fields.values()))
+    widths, parts = [], []
+    for tensor in fields.values():
+        width = math.prod(tensor.shape[1:]) * tensor.element_size()
+        if tensor.numel():
+            flat = tensor.reshape(tensor.shape[0], -1).clone(memory_format=torch.contiguous_format)
+            row = flat.view(torch.uint8).reshape(tensor.shape[0], width)
+        else:  # no rows here (or empty rows): a [rows, width] block of nothing to send
+            row = torch.empty((tensor.shape[0], width), dtype=torch.uint8, device=tensor.device)
+        widths.append(width)
+        parts.append(row)
+    packed = torch.cat(parts, dim=1) if parts else torch.empty((first.shape[0], 0), dtype=torch.uint8)
+    gathered = all_gather_rows(group, packed, counts)
+    out: dict[str, list[torch.Tensor]] = {name: [] for name in fields}
+    for buf in gathered:
+        offset = 0
+        for (name, tensor), width in zip(fields.items(), widths, strict=True):
+            piece = buf[:, offset:offset + width].clone(memory_format=torch.contiguous_format)
+            offset += width
+            shape = (buf.shape[0], *tensor.shape[1:])
+            out[name].append(piece.view(tensor.dtype).reshape(shape) if width else
+                             torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
+    return out

@@ -31,10 +31,8 @@ def gather_selected(
 ) -> Received:
     """All-gather ``fields`` (row-aligned tensors, ``None`` allowed if ``None`` on every rank) and keep the
     rows ``selector(source_rank, that rank's fields)`` (a bool mask) picks, in source-rank order."""
-    gathered: dict[str, list[torch.Tensor]] = {}
-    for name, tensor in fields.items():
-        if tensor is not None:
-            gathered[name] = _comm.all_gather_rows(group, tensor, counts)
+    # one collective for every field (the bytes of each row side by side)
+    gathered = _comm.all_gather_fields(group, {n: t for n, t in fields.items() if t is not None}, counts)
     device = next(t for t in fields.values() if t is not None).device
     src_rank, src_token = [], []
     picked: dict[str, list[torch.Tensor]] = {name: [] for name in gathered}
@@ -56,8 +54,9 @@ def return_to_sources(
 ) -> list[dict[str, torch.Tensor]]:
     """Send each row to ``dst_rank[row]``; returns, per source rank in order, the rows addressed to me."""
     counts = _comm.preflight(group, device, int(dst_rank.numel()), None, "combine")
-    dst_parts = _comm.all_gather_rows(group, dst_rank.to(torch.int64), counts)
-    parts = {name: _comm.all_gather_rows(group, t, counts) for name, t in fields.items() if t is not None}
+    parts = _comm.all_gather_fields(
+        group, {"__dst_rank": dst_rank.to(torch.int64), **{n: t for n, t in fields.items() if t is not None}}, counts)
+    dst_parts = parts.pop("__dst_rank")
     me = group.rank()
     result = []
     for s in range(group.size()):

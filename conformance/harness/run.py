@@ -144,7 +144,7 @@ class ConformanceRun:
         kinds = ", ".join(f"{b.name} ({describe_kind(b)})" for b in run.backends)
         lines = [f"conformance: backends {kinds}; world {run.shape.nodes} node(s) x {run.shape.ranks_per_node} "
                  f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"]
-        engine = describe_engine(run.rdzv_endpoint, run.shape, run.remote_nodes)
+        engine = describe_engine(run.rdzv_endpoint, run.shape, run.remote_nodes, device=run.device)
         lines.append(f"conformance: launcher {engine['launcher']}; rendezvous {engine['rendezvous']}")
         return lines + [f"conformance: {note}" for note in run.notes]
 

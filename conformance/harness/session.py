@@ -21,7 +21,7 @@ from conformance.harness.known_defects import KnownDefect, KnownDefects, known_d
 from conformance.harness.verdicts import Tally
 from conformance.properties import NotApplicable, Property, catalog
 from conformance.tasks.env import TaskSettings
-from conformance.world.errors import RankFailure, RankRaised
+from conformance.world.errors import RankCrashed, RankFailure, RankRaised
 from conformance.world.launcher import World, WorldShape
 
 
@@ -194,7 +194,7 @@ class Session:
         tally.start(settings.names)
         try:
             prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
-        except (AssertionError, RankRaised) as failure:
+        except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
             blame = self._blame(failure, settings.names)
             message = str(failure)
             entry = self.known_defects.match(property_id, blame, case, message)

@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None, catalog_ids: list[str]) -> argparse.Names
     parser.add_argument("--example-timeout", type=float, default=DEFAULT_EXAMPLE_TIMEOUT_S,
                         help=f"seconds before an example's ranks count as hung (default {DEFAULT_EXAMPLE_TIMEOUT_S:g})")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes, each with its own world (default 1)")
+    parser.add_argument("--first-kill", action="store_true",
+                        help="stop each harmful mutant at its first killed property (killed_by then names that one; "
+                             "benign mutants still run every property)")
+    parser.add_argument("--order-from", metavar="REPORT",
+                        help="an earlier kill matrix: try each mutant's killers there first (with --first-kill, the "
+                             "kill usually comes from the first property tried)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # rows only (a --jobs worker)
     args = parser.parse_args(argv)
     for name in ("max_examples", "nodes", "ranks_per_node", "jobs"):
@@ -62,6 +68,14 @@ def parse_args(argv: list[str] | None, catalog_ids: list[str]) -> argparse.Names
     args.mutants = _subset(parser, "--mutants", args.mutants, list(load_mutants()))
     args.properties = _subset(parser, "--properties", args.properties, catalog_ids)
     return args
+
+
+def _orders(path: str | None) -> dict[str, list[str]]:
+    """Each mutant's killers in an earlier kill matrix, quickest first (``--order-from``)."""
+    if not path:
+        return {}
+    entries = json.loads(Path(path).read_text())["mutants"]
+    return {e["name"]: sorted(e["killed_by"], key=lambda pid: e["properties"][pid]["examples"]) for e in entries}
 
 
 def _subset(parser: argparse.ArgumentParser, option: str, value: str | None, known: list[str]) -> list[str]:
@@ -138,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                 {pid: catalog[pid] for pid in args.properties},
                 Budget(args.max_examples, args.seed),
                 on_entry=lambda entry: print(table_row(entry), flush=True),
+                first_kill=args.first_kill,
+                orders=_orders(args.order_from),
             )
         finally:
             session.close()

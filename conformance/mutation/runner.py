@@ -118,17 +118,27 @@ def run_property(session: Session, prop: Property, budget: Budget) -> dict:
 
 
 def run_mutant(
-    session: Session, mutant: Mutant, catalog: dict[str, Property], budget: Budget
+    session: Session, mutant: Mutant, catalog: dict[str, Property], budget: Budget, first_kill: bool = False,
+    order: list[str] | None = None,
 ) -> dict:
-    """Plant ``mutant`` and run every property of ``catalog`` on it; one kill-matrix entry."""
+    """Plant ``mutant`` and run the properties of ``catalog`` on it; one kill-matrix entry.
+
+    ``first_kill``: a harmful mutant stops at its first killed cell (the others are not run; a benign mutant always
+    runs every property, it must be spared by all).  ``order``: these properties first (e.g. the mutant's killers in
+    an earlier matrix), then the rest in catalog order."""
     started = time.monotonic()
     nodes = session.config.shape.nodes
     if nodes < mutant.min_nodes:
         return mutant_entry(mutant.name, mutant.kind, mutant.description, {}, 0.0,
                             not_applicable=f"the code it breaks runs only with --nodes >= {mutant.min_nodes} "
                                            f"(this matrix: --nodes {nodes})")
+    ids = list(dict.fromkeys([pid for pid in (order or []) if pid in catalog] + list(catalog)))
+    cells: dict[str, dict] = {}
     with session.planted(mutant.name):
-        cells = {pid: run_property(session, prop, budget) for pid, prop in catalog.items()}
+        for pid in ids:
+            cells[pid] = run_property(session, catalog[pid], budget)
+            if first_kill and mutant.kind == "harmful" and cells[pid]["outcome"] == "killed":
+                break
     return mutant_entry(mutant.name, mutant.kind, mutant.description, cells, time.monotonic() - started)
 
 
@@ -138,10 +148,23 @@ def run_mutants(
     catalog: dict[str, Property],
     budget: Budget,
     on_entry: Callable[[dict], None] = lambda entry: None,
+    first_kill: bool = False,
+    orders: dict[str, list[str]] | None = None,
 ) -> list[dict]:
-    """Run every mutant in turn on one session (the world is reused); ``on_entry`` sees each row."""
+    """Run every mutant in turn on one session (the world is reused); ``on_entry`` sees each row.
+
+    With ``first_kill``, each harmful mutant tries the properties in order of their kills per second so far in this
+    run (after its ``orders`` entry, if any): the properties that catch most, fastest, go first."""
     entries = []
+    kills: dict[str, int] = dict.fromkeys(catalog, 0)
+    spent: dict[str, float] = dict.fromkeys(catalog, 0.0)
     for mutant in mutants:
-        entries.append(run_mutant(session, mutant, catalog, budget))
+        order = list((orders or {}).get(mutant.name, []))
+        if first_kill:
+            order += sorted(catalog, key=lambda pid: -kills[pid] / (spent[pid] + 1.0))
+        entries.append(run_mutant(session, mutant, catalog, budget, first_kill, order))
+        for pid, cell in entries[-1]["properties"].items():
+            kills[pid] += cell["outcome"] == "killed"
+            spent[pid] += cell.get("wall_s") or 0.0
         on_entry(entries[-1])
     return entries

@@ -292,7 +292,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "nodes": config.shape.nodes,
         "ranks_per_node": config.shape.ranks_per_node,
         "device": config.device,
-        **describe_engine(config.rdzv_endpoint, config.shape, config.remote_nodes),
+        **describe_engine(config.rdzv_endpoint, config.shape, config.remote_nodes, device=config.device),
         "seed": seed,
         "mutant": config.mutant,
         "known_defects": _known_defects_path(config),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import pickle
 import queue
 import secrets
 import shutil
@@ -39,8 +38,16 @@ from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankT
 GRACE_AFTER_ERROR_S = 5.0
 #: How long a clean shutdown may take before ranks are killed.
 SHUTDOWN_TIMEOUT_S = 15.0
-#: How torch's elastic agent starts the ranks: "fork" (the node agent has torch loaded; it never touches CUDA).
-START_METHOD = os.environ.get("CONFORMANCE_START_METHOD", "fork")
+#: How torch's elastic agent starts the ranks (``$CONFORMANCE_START_METHOD`` overrides): "fork" on CPU (the node
+#: agent has torch loaded: a rank costs a fork), "spawn" on GPUs, torchrun's default: a rank forked from a process in
+#: which torch's elastic agent touched CUDA cannot initialise CUDA ("Cannot re-initialize CUDA in forked
+#: subprocess", seen on an H200).
+START_METHODS = {"cpu": "fork", "cuda": "spawn"}
+
+
+def start_method(device: str) -> str:
+    """How the ranks of a world on ``device`` are started (see ``START_METHODS``)."""
+    return os.environ.get("CONFORMANCE_START_METHOD") or START_METHODS.get(device, "spawn")
 #: The key under which the control listener's address is published in the rendezvous store (remote nodes read it).
 CONTROL_KEY = "conformance/control"
 
@@ -166,7 +173,7 @@ class World:
         """Which launcher and rendezvous this world uses, and the hosts of its current nodes (GROUP_RANK order)."""
         host, port = self._store_address()
         by_group = {int(r.env.get("GROUP_RANK", -1)): r.node.host for r in self._ranks}
-        return describe_engine(f"{host}:{port}", self.shape, self.remote_nodes,
+        return describe_engine(f"{host}:{port}", self.shape, self.remote_nodes, device=self.device, hosts=
                                [by_group[g] for g in sorted(by_group)] or None)
 
     def _store_address(self) -> tuple[str, int]:
@@ -196,7 +203,7 @@ class World:
             generation=generation, nnodes=self.shape.nodes, nproc_per_node=self.shape.ranks_per_node,
             run_id=protocol.run_id(self.token, generation), rdzv_endpoint=f"{host}:{port}",
             control=(host, self._listener.address[1]), rank_key=protocol.rank_key(self.token, generation),
-            start_method=START_METHOD, start_timeout_s=self.start_timeout_s, device=self.device,
+            start_method=start_method(self.device), start_timeout_s=self.start_timeout_s, device=self.device,
             rank_setup=self.rank_setup, gpu_ids=tuple(self.gpu_ids), env=dict(self.env))
         self._keys = {"node": protocol.node_key(self.token), f"rank {generation}": spec.rank_key}
         try:
@@ -330,7 +337,7 @@ class World:
         if self._ranks and self.alive and not self._busy:
             for r in self._ranks:
                 try:
-                    r.conn.send_bytes(pickle.dumps(("shutdown",)))
+                    r.conn.send_bytes(protocol.dumps(("shutdown",)))
                 except OSError:
                     pass
             try:
@@ -391,7 +398,7 @@ class World:
         """
         if not self.alive:
             self.start()
-        message = pickle.dumps(("run", target, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+        message = protocol.dumps(("run", target, args, kwargs))
         target = target if isinstance(target, str) else f"{target.__module__}:{target.__qualname__}"
         self._busy = True
         try:
@@ -419,7 +426,7 @@ class World:
             for conn in wait(list(pending), timeout=remaining):
                 r = pending.pop(conn)
                 try:
-                    kind, value = pickle.loads(conn.recv_bytes())
+                    kind, value = protocol.loads(conn.recv_bytes())
                 except (EOFError, OSError):
                     r.gone = True
                     crashed.append(r)
@@ -480,13 +487,14 @@ class World:
 
 
 def describe_engine(rdzv_endpoint: str, shape: WorldShape, remote_nodes: int = 0,
-                    hosts: list[str] | None = None) -> dict[str, Any]:
+                    hosts: list[str] | None = None, device: str = "cpu") -> dict[str, Any]:
     """The report's account of the engine: launcher, rendezvous, where the nodes run."""
     import torch
 
     local = shape.nodes - remote_nodes
     return {
-        "launcher": f"torch.distributed elastic agent (torchrun) {torch.__version__}, start method {START_METHOD}",
+        "launcher": f"torch.distributed elastic agent (torchrun) {torch.__version__}, "
+                    f"start method {start_method(device)}",
         "rendezvous": f"c10d at {rdzv_endpoint}" + (" (port 0: a free port per world)" if
                                                     rdzv_endpoint.endswith(":0") else ""),
         "hosts": hosts or ([f"{socket.gethostname()} (node agent per node: {local})"]

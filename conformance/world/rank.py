@@ -19,7 +19,6 @@ import datetime
 import faulthandler
 import importlib
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -36,7 +35,9 @@ from conformance.world.protocol import (
     LaunchSpec,
     call_file,
     connect,
+    dumps,
     interface_of,
+    loads,
     local_address,
     log_path,
 )
@@ -234,7 +235,7 @@ def _resolve(target: str) -> Callable[..., Any]:
 
 
 def _send(conn: Connection, message: tuple) -> None:
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    conn.send_bytes(dumps(message))
 
 
 def _shutdown() -> None:
@@ -299,13 +300,27 @@ _TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
+#: Set to a folder: every rank profiles its tasks (cProfile) and writes ``rank<N>-<pid>.prof`` there when its world
+#: shuts down cleanly (benchmarks/README.md shows how to read them).
+PROFILE_ENV = "CONFORMANCE_PROFILE_DIR"
+
+
 def _serve(conn: Connection) -> None:
+    profiler = None
+    if os.environ.get(PROFILE_ENV):
+        import cProfile
+
+        profiler = cProfile.Profile()
     while True:
         try:
-            message = pickle.loads(conn.recv_bytes())
+            message = loads(conn.recv_bytes())
         except (EOFError, OSError):  # controller went away
             os._exit(71)
         if message[0] == "shutdown":
+            if profiler is not None:
+                os.makedirs(os.environ[PROFILE_ENV], exist_ok=True)
+                name = f"rank{os.environ.get('RANK')}-{os.getpid()}.prof"
+                profiler.dump_stats(os.path.join(os.environ[PROFILE_ENV], name))
             _shutdown()
             _send(conn, ("bye", None))
             sys.stdout.flush()
@@ -316,7 +331,13 @@ def _serve(conn: Connection) -> None:
         try:
             task = _resolve(target) if isinstance(target, str) else target
             with current_call(target if isinstance(target, str) else f"{task.__module__}:{task.__qualname__}"):
-                result = task(*args, **kwargs)
+                if profiler is not None:
+                    profiler.enable()
+                try:
+                    result = task(*args, **kwargs)
+                finally:
+                    if profiler is not None:
+                        profiler.disable()
             reply: tuple = ("ok", result)
         except BaseException:  # reported to the controller, which retires this world
             reply = ("error", traceback.format_exc())
