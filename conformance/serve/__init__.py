@@ -19,9 +19,7 @@ retired (or the child is killed) it joins the next generation.  A wrong token en
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -36,14 +34,6 @@ MONITOR_INTERVAL_S = 10**6
 #: How often a joining node polls the rendezvous store (torch waits 1 s; see :func:`_poll_rendezvous_faster`).
 RENDEZVOUS_POLL_S = 0.05
 _LOG_TAIL_CHARS = 6000
-
-
-def die_with_parent() -> None:
-    """Be killed when the process that started this one dies (Linux PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _poll_rendezvous_faster() -> None:

@@ -18,11 +18,9 @@ import sys
 import tempfile
 import time
 
-from conformance.serve import die_with_parent, run_generation
-from conformance.world.protocol import Refused, connect, node_key, read_token, recv, send
-
-#: Where the controller publishes its control listener in the rendezvous store.
-CONTROL_KEY = "conformance/control"
+from conformance.serve import run_generation
+from conformance.world.protocol import CONTROL_KEY, Refused, connect, node_key, read_token, recv, send
+from conformance.world.rank import die_with_parent
 
 
 def _address(text: str) -> tuple[str, int]:

@@ -48,8 +48,6 @@ START_METHODS = {"cpu": "fork", "cuda": "spawn"}
 def start_method(device: str) -> str:
     """How the ranks of a world on ``device`` are started (see ``START_METHODS``)."""
     return os.environ.get("CONFORMANCE_START_METHOD") or START_METHODS.get(device, "spawn")
-#: The key under which the control listener's address is published in the rendezvous store (remote nodes read it).
-CONTROL_KEY = "conformance/control"
 
 
 @dataclass(frozen=True)
@@ -244,7 +242,7 @@ class World:
         host, port = self._store_address()
         self._store = dist.TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=30),
                                     wait_for_workers=False, multi_tenant=True)
-        self._store.set(CONTROL_KEY, f"{host}:{self._listener.address[1]}")
+        self._store.set(protocol.CONTROL_KEY, f"{host}:{self._listener.address[1]}")
 
     def _accept(self, listener: Listener, arrivals: queue.Queue) -> None:
         """Accept every connection at once (the handshake needs it), authenticate each in its own thread."""
@@ -497,7 +495,7 @@ def describe_engine(rdzv_endpoint: str, shape: WorldShape, remote_nodes: int = 0
                     f"start method {start_method(device)}",
         "rendezvous": f"c10d at {rdzv_endpoint}" + (" (port 0: a free port per world)" if
                                                     rdzv_endpoint.endswith(":0") else ""),
-        "hosts": hosts or ([f"{socket.gethostname()} (node agent per node: {local})"]
+        "hosts": hosts or ([f"{socket.gethostname()} ({local} node(s), one conformance.serve process)"]
                            + ([f"{remote_nodes} remote node(s) via python -m conformance.serve"] if remote_nodes
                               else [])),
     }

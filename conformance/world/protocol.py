@@ -32,6 +32,10 @@ CALL_SLOT_BYTES = 512
 OFFSET_BYTES = 20
 
 
+#: The key under which the controller publishes its control listener (``HOST:PORT``) in the rendezvous store.
+CONTROL_KEY = "conformance/control"
+
+
 def node_key(secret: bytes) -> bytes:
     """The key a node agent authenticates with."""
     return hmac.new(secret, b"conformance node", hashlib.sha256).digest()
@@ -80,8 +84,8 @@ class _Pickler(pickle.Pickler):
         if torch is not None and type(obj) is torch.Tensor and obj.device.type == "cpu" and not obj.requires_grad \
                 and obj.dtype.itemsize and not obj.dtype.is_complex and obj.layout == torch.strided:
             # clone(contiguous_format), not contiguous(): a one-element slice (stride 3) counts as contiguous but
-            # cannot be viewed as bytes
-            flat = obj.detach().reshape(-1).clone(memory_format=torch.contiguous_format)
+            # cannot be viewed as bytes; one copy, then a view
+            flat = obj.detach().clone(memory_format=torch.contiguous_format).reshape(-1)
             return _tensor_from_bytes, (flat.view(torch.uint8).numpy().tobytes(), obj.dtype, tuple(obj.shape))
         return NotImplemented
 

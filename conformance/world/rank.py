@@ -158,12 +158,17 @@ def current_call(name: str) -> Iterator[None]:
         _write_call(_calls[-1] if _calls else "")
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Never outlive the controller: PDEATHSIG where Linux offers it, and a watchdog thread everywhere."""
+def die_with_parent() -> None:
+    """Be killed when the process that started this one dies (Linux PDEATHSIG; a no-op elsewhere)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Never outlive the controller: PDEATHSIG where Linux offers it, and a watchdog thread everywhere."""
+    die_with_parent()
 
     def watch() -> None:
         while True:
