@@ -34,6 +34,8 @@ MONITOR_INTERVAL_S = 10**6
 #: How often a joining node polls the rendezvous store (torch waits 1 s; see :func:`_poll_rendezvous_faster`).
 RENDEZVOUS_POLL_S = 0.05
 _LOG_TAIL_CHARS = 6000
+#: torch's switch that keeps node 0's agent from hosting a store for the workers (its "TCPStore sharing").
+NO_AGENT_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 def _poll_rendezvous_faster() -> None:
@@ -68,6 +70,9 @@ def run_generation(conn: Connection, spec: LaunchSpec, agent: int, slot: int, ho
 
     threading.Thread(target=_answer, args=(conn,), name="conformance-node-control", daemon=True).start()
     _poll_rendezvous_faster()
+    # No store server in this process: its thread (libuv) calls getnameinfo on each connection, and a rank forked
+    # while it holds glibc's resolver lock hangs in its own first connect.  The ranks use the rendezvous store.
+    os.environ[NO_AGENT_STORE] = "1"
     config = LaunchConfig(
         min_nodes=spec.nnodes, max_nodes=spec.nnodes, nproc_per_node=spec.nproc_per_node, run_id=spec.run_id,
         rdzv_backend="c10d", rdzv_endpoint=spec.rdzv_endpoint,

@@ -204,11 +204,13 @@ def _init_process_group(timeout_s: float) -> RankContext:
     torch.set_num_threads(1)
     if device == "cuda":
         torch.cuda.set_device(gpu)
-    # MASTER_ADDR/PORT: the store torchrun's agent of node 0 hosts for the workers (its TCPStore sharing); this
-    # generation's keys live under its run id all the same.
+    # The workers' store is the controller's rendezvous store (under this generation's run id), not the one
+    # torchrun's agent of node 0 would host (its "TCPStore sharing", switched off in conformance.serve): that
+    # store's server thread resolves peer names while the agent forks ranks, and a rank forked at that moment
+    # inherits glibc's resolver lock held and hangs in its first connect (seen: 1 start in 10 of a 1x3 world).
+    host, _, port = env["CONFORMANCE_STORE"].rpartition(":")
     store = dist.PrefixStore(env["TORCHELASTIC_RUN_ID"] + "/ranks", dist.TCPStore(
-        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False,
-        timeout=datetime.timedelta(seconds=timeout_s)))
+        host, int(port), world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s)))
     dist.init_process_group(
         backend=backend,
         store=store,
@@ -268,6 +270,7 @@ def rank_entry(spec: LaunchSpec, agent: int, slot: int, host: str, log_dir: str)
     _redirect_output(path)
     env.update(spec.env)
     env.update({"CONFORMANCE_DEVICE": spec.device, "CONFORMANCE_RANK_SETUP": spec.rank_setup,
+                "CONFORMANCE_STORE": spec.rdzv_endpoint,
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     if spec.device == "cuda":
         # "isolated": each rank sees only its own GPU; "recorder": every rank sees the node's GPUs and picks
