@@ -15,3 +15,6 @@ The house (docs/architecture.md has the tour), from the controller's side down t
 """
 
 __version__ = "0.1.0"
+#: The DeepEP version :mod:`conformance.emulation` models (its ``__version__``): here, so that the report and the
+#: known-defects lookup read it without importing the emulation, which imports torch (seconds).
+EMULATION_VERSION = "2.1.0+emulation"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from typing import Any
 
 
@@ -35,8 +36,31 @@ def probe_module(module_name: str) -> dict[str, Any]:
     return found
 
 
+#: Present on a Linux host with an NVIDIA driver (or AMD's, for ROCm builds of torch): without any, no GPU.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def torch_version() -> str:
+    """``torch.__version__`` (``2.13.0+cpu``), from the installed distribution when torch is not loaded here (an
+    xdist controller: importing it costs seconds)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return str(torch.__version__)
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        import torch
+
+        return str(torch.__version__)
+
+
 def cuda_device_count() -> int:
-    """GPUs visible to this process, read without creating a CUDA context."""
+    """GPUs visible to this process, read without creating a CUDA context.  On a Linux host without a GPU driver
+    it is 0 without importing torch (seconds, in the pytest process that only starts the workers)."""
+    if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in GPU_DRIVER_PATHS):
+        return 0
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     import torch
 

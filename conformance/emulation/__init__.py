@@ -7,6 +7,8 @@ recorded outputs (``fixtures/deepep-real``).  See ``DIVERGENCES.md`` for every d
 
 import torch
 
+from conformance import EMULATION_VERSION
+
 from . import utils
 from .config import Config
 from .elastic import ElasticBuffer, EPHandle
@@ -14,7 +16,7 @@ from .legacy import Buffer
 from .utils.event import EventHandle, EventOverlap
 
 topk_idx_t = torch.int64
-__version__ = "2.1.0+emulation"
+__version__ = EMULATION_VERSION
 IS_EMULATION = True
 
 __all__ = [

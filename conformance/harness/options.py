@@ -152,7 +152,6 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
     """Read every plug-in's declaration (probed in a subprocess, with deep_ep resolved as on the ranks) and
     resolve its spec; :class:`SetupError` for a plug-in that does not import or declares nothing valid.
     Returns the specs and notes for the report header."""
-    from conformance.backends.plugins import probe_in_subprocess
     from conformance.core.spec import resolve_plugin
 
     out, notes = [], []
@@ -162,6 +161,8 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
             continue
         found = machine.plugins.get(spec.target)
         if found is None:
+            from conformance.backends.plugins import probe_in_subprocess  # imports torch: only for a plug-in
+
             found = machine.plugins[spec.target] = probe_in_subprocess(spec.target, deep_ep)
         if not found.get("importable"):
             hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"

@@ -34,6 +34,10 @@ from conformance.world.launcher import describe_engine
 
 #: Key of the resolved set-up handed from the xdist controller to its workers.
 WORKER_INPUT = "conformance_run"
+#: What a worker tells the controller when it ends: every property id of the catalog it collected.
+CATALOG_KEY = "conformance_catalog"
+#: ... and what conformance.emulation offers (the report's probes): the controller need not import torch.
+EMULATION_PROBE_KEY = "conformance_emulation_probe"
 
 
 class ConformanceRun:
@@ -45,6 +49,10 @@ class ConformanceRun:
         self.is_worker = workerinput is not None
         self.started = time.monotonic()
         self.entries: list[Any] = []
+        #: Every property id in catalog order, from the workers (``None``: the controller imports the catalog).
+        self.catalog_ids: list[str] | None = None
+        #: What ``conformance.emulation`` offers, probed by a worker (``None``: probed here, importing torch).
+        self.emulation_probe: dict[str, Any] | None = None
         self.document: dict[str, Any] | None = None
         self.baseline: dict[str, Any] | None = None
         self.session: Any = None
@@ -153,7 +161,8 @@ class ConformanceRun:
         """Body of the ``conformance`` fixture: the worker's session, closed at the end."""
         from conformance.harness.session import Session
 
-        self.session = Session(self.run)
+        if self.session is None:  # else made at collection, its node agents already loading torch
+            self.session = Session(self.run)
         self.session.on_progress = self._progress
         try:
             yield self.session
@@ -165,6 +174,25 @@ class ConformanceRun:
                     os.remove(os.path.join(self.progress_dir, f"{self.worker_id}.json"))
                 except OSError:
                     pass
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Where this process runs the property tests (an xdist worker, or pytest without xdist), start this host's
+        node agents before collection: they load torch (seconds) while pytest collects and Hypothesis draws the
+        first case, and the first world start only waits for what is left.  (Nothing starts in an xdist
+        controller, for ``--collect-only``, or where no property is selected in the end: closed at the finish.)"""
+        option = self.config.option
+        in_process = not getattr(option, "numprocesses", None) and getattr(option, "dist", "no") == "no"
+        if option.collectonly or self.session is not None or not (self.is_worker or in_process):
+            return
+        from conformance.harness.session import Session
+
+        try:
+            self.session = Session(self.run)
+            self.session.world.prepare()
+        except Exception:  # noqa: BLE001 - an early start only: the fixture makes it again and reports what fails
+            if self.session is not None:
+                self.session.close()
+            self.session = None
 
     # ---------------------------------------------------------------------------------------- progress
     def _progress(self, property_id: str, examples: int) -> None:
@@ -259,7 +287,25 @@ class ConformanceRun:
         if self.session is not None:
             self.session.abandon()
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """An xdist worker ended: keep the catalog it collected (the controller does not import it)."""
+        output = getattr(node, "workeroutput", {})
+        if output.get(CATALOG_KEY):
+            self.catalog_ids = list(output[CATALOG_KEY])
+        if output.get(EMULATION_PROBE_KEY):
+            self.emulation_probe = dict(output[EMULATION_PROBE_KEY])
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if self.session is not None:  # prepared at collection, never used (e.g. -x stopped before any property)
+            self.session.close()
+            self.session = None
+        if self.is_worker and hasattr(self.config, "workeroutput"):
+            from conformance.core.probe import probe_module
+            from conformance.properties import catalog
+
+            self.config.workeroutput[CATALOG_KEY] = list(catalog())  # imported here already: cheap
+            self.config.workeroutput[EMULATION_PROBE_KEY] = probe_module("conformance.emulation")  # likewise
         if self.is_worker or self.config.option.collectonly:
             return
         from conformance.reporting.report import finish_run
@@ -273,7 +319,8 @@ class ConformanceRun:
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
                                    baseline=self.baseline, interrupted=interrupted,
                                    allow_partial=bool(self.config.option.allow_partial),
-                                   write_baseline=self.write_baseline)
+                                   write_baseline=self.write_baseline, catalog_ids=self.catalog_ids,
+                                   emulation_probe=self.emulation_probe)
         if (self.document.get("gate_failed") or self.document.get("baseline_refused")) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -19,7 +19,7 @@ from conformance.harness.config import RunConfig
 from conformance.harness.faults import FaultBudget, cause_of
 from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
 from conformance.harness.verdicts import Tally
-from conformance.properties import NotApplicable, Property, catalog
+from conformance.properties import NotApplicable, Property, by_id
 from conformance.tasks.env import TaskSettings
 from conformance.world.errors import RankCrashed, RankFailure, RankRaised
 from conformance.world.launcher import World, WorldShape
@@ -183,7 +183,7 @@ class Session:
         entry explains is counted as that known defect and does not raise (Hypothesis goes on drawing, so any
         other failure of the property is still found)."""
         __tracebackhide__ = True
-        prop = catalog()[property_id]
+        prop = by_id(property_id)
         settings = self.settings_for(prop)
         recorder = self.recorder
         recorder.property_id = property_id

@@ -31,35 +31,39 @@ class Receipts:
         return list(zip(self.expert.tolist(), self.src_rank.tolist(), self.src_token.tolist(), strict=True))
 
 
+def _routed_slots(example: Example, rank_inputs: RankInputs, dst_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (token, slot) pairs of one source rank whose expert lives on ``dst_rank``, in (token, slot) order."""
+    idx = rank_inputs.topk_idx
+    return ((idx >= 0) & (idx.div(example.experts_per_rank, rounding_mode="floor") == dst_rank)).nonzero(
+        as_tuple=True)
+
+
 def expected_receipts(example: Example, inputs: list[RankInputs], dst_rank: int) -> Receipts:
     """What ``dst_rank`` must receive: every (token, slot) routed to one of its local experts."""
     per_rank = example.experts_per_rank
-    rows: list[tuple[int, int, int, torch.Tensor, float]] = []
-    for src_rank, rank_inputs in enumerate(inputs):
-        for token in range(rank_inputs.topk_idx.shape[0]):
-            for slot in range(example.num_topk):
-                expert = int(rank_inputs.topk_idx[token, slot])
-                if expert >= 0 and expert // per_rank == dst_rank:
-                    weight = float(rank_inputs.topk_weights[token, slot])
-                    rows.append((expert - dst_rank * per_rank, src_rank, token, rank_inputs.x[token], weight))
-    rows.sort(key=lambda row: row[:3])
-    hidden = example.hidden
-    return Receipts(
-        expert=torch.tensor([r[0] for r in rows], dtype=torch.int64),
-        src_rank=torch.tensor([r[1] for r in rows], dtype=torch.int64),
-        src_token=torch.tensor([r[2] for r in rows], dtype=torch.int64),
-        x=torch.stack([r[3] for r in rows]) if rows else torch.empty(0, hidden, dtype=torch.bfloat16),
-        weight=torch.tensor([r[4] for r in rows], dtype=torch.float32),
-    )
+    expert, src_rank, src_token, x, weight = [], [], [], [], []
+    for source, rank_inputs in enumerate(inputs):
+        token, slot = _routed_slots(example, rank_inputs, dst_rank)
+        expert.append(rank_inputs.topk_idx[token, slot].long() - dst_rank * per_rank)
+        src_rank.append(torch.full_like(token, source))
+        src_token.append(token)
+        x.append(rank_inputs.x[token])
+        weight.append(rank_inputs.topk_weights[token, slot].to(torch.float32))
+    if not inputs:
+        return Receipts(*(torch.empty(0, dtype=torch.int64),) * 3, torch.empty(0, example.hidden,
+                        dtype=torch.bfloat16), torch.empty(0, dtype=torch.float32))
+    expert_t, rank_t, token_t = torch.cat(expert), torch.cat(src_rank), torch.cat(src_token)
+    # rows sorted by (expert, src_rank, src_token): one key, every triple is distinct
+    tokens = max((ri.topk_idx.shape[0] for ri in inputs), default=0) + 1
+    order = torch.sort((expert_t * len(inputs) + rank_t) * tokens + token_t).indices
+    return Receipts(expert=expert_t[order], src_rank=rank_t[order], src_token=token_t[order],
+                    x=torch.cat(x)[order], weight=torch.cat(weight)[order])
 
 
 def expected_received_tokens(example: Example, inputs: list[RankInputs], dst_rank: int) -> list[tuple[int, int]]:
     """The (src_rank, src_token) pairs ``dst_rank`` receives (once each), sorted."""
-    per_rank = example.experts_per_rank
     tokens = []
     for src_rank, rank_inputs in enumerate(inputs):
-        for token in range(rank_inputs.topk_idx.shape[0]):
-            experts = [int(e) for e in rank_inputs.topk_idx[token].tolist()]
-            if any(e >= 0 and e // per_rank == dst_rank for e in experts):
-                tokens.append((src_rank, token))
+        token, _ = _routed_slots(example, rank_inputs, dst_rank)
+        tokens.extend((src_rank, t) for t in sorted(set(token.tolist())))
     return tokens

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conformance.core.example import Example
+from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
 from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
@@ -141,7 +142,10 @@ def catalog() -> dict[str, Property]:
     return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].number, item[0])))
 
 
-def sort_key(property_id: str) -> tuple[int, str]:
-    """Catalog order of a property id: ``P2-...`` before ``P10-...``."""
-    digits = "".join(c for c in property_id.split("-", 1)[0] if c.isdigit())
-    return (int(digits) if digits else 1 << 30, property_id)
+def by_id(property_id: str) -> Property:
+    """One property (``KeyError`` if none has this id); imports the catalog only when it is not loaded yet: a
+    lookup per example must not walk the package (``catalog()`` costs ~6 ms)."""
+    prop = _REGISTRY.get(property_id)
+    return prop if prop is not None else catalog()[property_id]
+
+

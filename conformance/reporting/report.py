@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.core.api_coverage import per_property_calls, report_section
+from conformance.core.ids import sort_key
+from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
-from conformance.properties import sort_key
 from conformance.reporting.gate import compare
 from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, short_column
 from conformance.world.launcher import describe_engine
@@ -278,11 +279,9 @@ def _failure_message(report: Any) -> str:
 
 def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> dict[str, Any]:
     """The report header: versions, which backends are real, the world shape, the seed."""
-    import torch
-
     real = probes.get("deep_ep") or {}
     return {
-        "torch": torch.__version__,
+        "torch": torch_version(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
@@ -307,16 +306,16 @@ def _known_defects_path(config: RunConfig) -> str | None:
     return resolve(config)
 
 
-def known_defects_section(config: RunConfig, entries: list[PropertyEntry]) -> dict[str, Any]:
+def known_defects_section(config: RunConfig, entries: list[PropertyEntry],
+                          catalog_ids: list[str] | None = None) -> dict[str, Any]:
     """Every entry of the run's known-defects file with its status: ``known-defect`` (it failed as the entry
     says), ``fixed`` (its condition was reached and held everywhere), ``not-reached`` (no example met its
     condition), ``not-exercised`` (no property exercises it), ``not-run`` (its property did not run)."""
     from conformance.harness.known_defects import known_defects_of
-    from conformance.properties import catalog
 
     defects = known_defects_of(config)
     ran = {e.id: e for e in entries if e.status != "not-run"}
-    known_ids = set(catalog())
+    known_ids = set(catalog_ids if catalog_ids is not None else _catalog_ids())
     listed = []
     for entry in defects.entries:
         seen = [e.known_defects.get(entry.id) for e in entries if e.id == entry.property]
@@ -448,6 +447,12 @@ def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+def _catalog_ids() -> list[str]:
+    from conformance.properties import catalog
+
+    return list(catalog())
+
+
 def finish_run(
     report_dir: str,
     config: RunConfig,
@@ -458,20 +463,30 @@ def finish_run(
     interrupted: bool = False,
     allow_partial: bool = False,
     write_baseline: str | None = None,
+    catalog_ids: list[str] | None = None,
+    emulation_probe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build, gate and write the run's report (controller, end of the session); store it as a baseline at
-    ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set."""
-    from conformance.core.probe import probe_module
-    from conformance.properties import catalog
+    ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set.
 
-    probes = {"deep_ep": config.deep_ep_probe or None, "conformance.emulation": probe_module("conformance.emulation")}
+    ``catalog_ids``: every property id in catalog order, as the workers that collected them reported it (an xdist
+    controller never imports the property modules: that costs seconds); ``None``: import the catalog here.
+    ``emulation_probe``: :func:`~conformance.core.probe.probe_module` of ``conformance.emulation`` as a worker
+    found it (``None``: probe it here)."""
+    from conformance.core.probe import probe_module
+
+    if catalog_ids is None:
+        catalog_ids = _catalog_ids()
+
+    probes = {"deep_ep": config.deep_ep_probe or None,
+              "conformance.emulation": emulation_probe or probe_module("conformance.emulation")}
     env = environment(config, probes, config.seed)
     for backend in env["backends"]:  # which deep_ep the backend drove in the ranks (construction preflight)
         seen = next((e.seen[backend["name"]] for e in entries if backend["name"] in e.seen), None)
         if seen is not None:
             backend["deep_ep_seen"] = seen
-    document = build_document(env, entries, wall_s, list(catalog()), interrupted=interrupted,
-                              known_defects=known_defects_section(config, entries))
+    document = build_document(env, entries, wall_s, catalog_ids, interrupted=interrupted,
+                              known_defects=known_defects_section(config, entries, catalog_ids))
     if baseline is not None:
         gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
         if not document["complete"] and not allow_partial:

@@ -182,17 +182,7 @@ class World:
         """Start the node agents (here and/or elsewhere) and wait until every rank joined the process group."""
         if self._ranks or self._nodes:
             self.kill()
-        if self.log_dir is None:
-            self.log_dir = tempfile.mkdtemp(prefix="conformance-world-")
-            self._own_log_dir = True
-        os.makedirs(self.log_dir, exist_ok=True)
-        self._open_control()
-        self._local = [(p, k) for p, k in self._local if p.poll() is None]
-        missing = self.shape.nodes - self.remote_nodes - sum(k for _, k in self._local)
-        if missing > 0:  # one process serves all of this host's nodes (torch loads once; a loop per node)
-            host = self._store_address()[0]
-            self._local.append((self._spawn_nodes(("127.0.0.1" if host in ("0.0.0.0", "") else host,
-                                                   self._listener.address[1]), missing), missing))
+        self.prepare()
         self._open_store()  # while the node agents import torch
         self.starts += 1
         generation = self.starts
@@ -214,6 +204,22 @@ class World:
         except BaseException:
             self.kill()
             raise
+
+    def prepare(self) -> None:
+        """Start this host's node agents without starting a world: they load torch (seconds) while the caller does
+        other work, e.g. pytest collecting; :meth:`start` then only waits for what is not ready yet.  Idempotent;
+        :meth:`close` ends them."""
+        if self.log_dir is None:
+            self.log_dir = tempfile.mkdtemp(prefix="conformance-world-")
+            self._own_log_dir = True
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._open_control()
+        self._local = [(p, k) for p, k in self._local if p.poll() is None]
+        missing = self.shape.nodes - self.remote_nodes - sum(k for _, k in self._local)
+        if missing > 0:  # one process serves all of this host's nodes (torch loads once; a loop per node)
+            host = self._store_address()[0]
+            self._local.append((self._spawn_nodes(("127.0.0.1" if host in ("0.0.0.0", "") else host,
+                                                   self._listener.address[1]), missing), missing))
 
     def _open_control(self) -> None:
         """The control listener (and the world's token): made once, kept across generations."""
@@ -487,11 +493,11 @@ class World:
 def describe_engine(rdzv_endpoint: str, shape: WorldShape, remote_nodes: int = 0,
                     hosts: list[str] | None = None, device: str = "cpu") -> dict[str, Any]:
     """The report's account of the engine: launcher, rendezvous, where the nodes run."""
-    import torch
+    from conformance.core.probe import torch_version
 
     local = shape.nodes - remote_nodes
     return {
-        "launcher": f"torch.distributed elastic agent (torchrun) {torch.__version__}, "
+        "launcher": f"torch.distributed elastic agent (torchrun) {torch_version()}, "
                     f"start method {start_method(device)}",
         "rendezvous": f"c10d at {rdzv_endpoint}" + (" (port 0: a free port per world)" if
                                                     rdzv_endpoint.endswith(":0") else ""),
