@@ -87,4 +87,20 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
     if config.seed is not None:  # ``@seed`` switches the database off; stored counterexamples still come first
         test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
             test._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
-    return test
+    explicit = prop.explicit(config.shape) if prop.explicit else []
+
+    def explicit_then_drawn() -> None:
+        """The property's explicit sequences first, step by step as the machine runs them (as ``@example``
+        cases come before the draws of a single-call property), then the state machine."""
+        __tracebackhide__ = True
+        for case in explicit:
+            try:
+                for index in range(len(case.steps)):
+                    run_step(case, index)
+            except BaseException:
+                end(case, True)
+                raise
+            end(case, False)
+        test()
+
+    return explicit_then_drawn

@@ -71,12 +71,16 @@ def event_misses_own_work_when_busy() -> Iterator[None]:
         yield
 
 
+#: async-calls-share-receive-slot's slots, kept across activations (each rank task plants the mutant anew).
+_RECEIVE_SLOTS: dict[tuple[Any, ...], torch.Tensor] = {}
+
+
 @register("async-calls-share-receive-slot", "harmful",
           "two async calls in flight at once whose outputs have the same shape get the same receive tensor: the "
           "later copy-out overwrites the earlier call's result")
 def async_calls_share_receive_slot() -> Iterator[None]:
     original = emulated_event._placeholder
-    slots: dict[tuple[Any, ...], torch.Tensor] = {}
+    slots = _RECEIVE_SLOTS  # the library's state, not this activation's: it outlives a task (a sequence's step)
 
     def placeholder(value: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
         if emulated_event.pending_work() == 0:

@@ -40,7 +40,7 @@ from conformance.oracle.reduction import (
 )
 from conformance.properties import CheckContext, Property, Stateful, register
 from conformance.strategies import sized
-from conformance.strategies.sequences import sequence_cases, sequence_machine
+from conformance.strategies.sequences import explicit_sequences, sequence_cases, sequence_machine
 from conformance.tasks.sequences import run_sequence, sequence_end, sequence_step
 
 #: The refusal-table rows a call on a destroyed buffer raises, per (API, use); ``None``: the call does nothing.
@@ -266,6 +266,7 @@ PROPERTY = register(Property(
     title="call sequences on live V1 and V2 buffers (dispatch, cached, combine in any order, async in flight with "
           "previous_event, autograd, destroy then use, re-create): every result equals the oracle, the APIs agree",
     strategy=sized(sequence_cases), task=run_sequence, check=check, case_type=SequenceCase,
+    explicit=explicit_sequences,
     needs=("combine", "cached_dispatch", "events", "bad_input"),
     stateful=Stateful(machine=sequence_machine, step_task=sequence_step, end_task=sequence_end, check_step=check_step),
 ))

@@ -179,6 +179,28 @@ def finishing_steps(model: SequenceModel) -> list[Step]:
     return [Step("wait", ref=ref) for ref in sorted(model.in_flight, reverse=True)]
 
 
+def explicit_sequences(world: Any) -> list[SequenceCase]:
+    """Sequences every run checks before its draws (a random sequence reaches them rarely): two async dispatches
+    whose outputs have the same shapes (every token to expert 0: the same counts whatever the seed) but other
+    payloads, in flight at once and waited on out of issue order; then their two combines, likewise."""
+    size = world.size
+    case = SequenceCase(world_size=size, hidden=SEQUENCE_HIDDEN[0], num_topk=1, num_experts=2 * size,
+                        num_max_tokens_per_rank=SEQUENCE_MAX_TOKENS[0])
+    first = Example(tokens_per_rank=(12,) * size, hidden=case.hidden, num_topk=1, num_experts=case.num_experts,
+                    routing="one_expert", payload="random", seed=1,
+                    num_max_tokens_per_rank=case.num_max_tokens_per_rank)
+    model = SequenceModel(case)
+    for step in (Step("create"), Step("dispatch", example=first, async_op=True),
+                 Step("dispatch", example=replace(first, seed=2), async_op=True)):
+        model.apply(step)
+    for step in [*finishing_steps(model), Step("combine", ref=1, async_op=True), Step("combine", ref=2, async_op=True)]:
+        model.apply(step)
+    for step in finishing_steps(model):
+        model.apply(step)
+    model.case.validate()
+    return [model.case]
+
+
 @st.composite
 def sequence_cases(draw: st.DrawFn, world_size: int, max_steps: int = MAX_STEPS) -> SequenceCase:
     """A whole sequence: create, up to ``max_steps`` steps the model allows, then the waits of what is in flight."""
