@@ -155,3 +155,12 @@ def test_the_rule_checker_sees_a_planted_upward_import(tmp_path: Path) -> None:
     targets = {t for t in map(resolved, imports_of(planted, "conformance.tasks.planted")) if t}
     assert targets == {"conformance.properties"}
     assert layer_of("conformance.properties") > layer_of("conformance.tasks.planted")
+
+
+def test_property_ids_read_from_source_match_the_catalog() -> None:
+    """An interrupted xdist controller reports the catalog read from the modules' source (importing them costs
+    seconds); it must be the catalog."""
+    from conformance.core.ids import ids_from_source
+    from conformance.properties import catalog
+
+    assert ids_from_source() == list(catalog())

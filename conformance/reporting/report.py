@@ -448,9 +448,28 @@ def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
 
 
 def _catalog_ids() -> list[str]:
+    """Every property id in catalog order: from the catalog where this process has it loaded, else from the
+    modules' source (importing them costs seconds: an interrupted xdist controller must stop fast)."""
+    if not any(name.startswith("conformance.properties.test_p") for name in sys.modules):
+        from conformance.core.ids import ids_from_source
+
+        ids = ids_from_source()
+        if ids is not None:
+            return ids
     from conformance.properties import catalog
 
     return list(catalog())
+
+
+def _emulation_probe(interrupted: bool) -> dict[str, Any]:
+    """:func:`~conformance.core.probe.probe_module` of the emulation; not made when it would import torch into a
+    controller that is stopping after an interrupt (the report says so instead)."""
+    from conformance.core.probe import probe_module
+
+    if interrupted and "conformance.emulation" not in sys.modules:
+        return {"module": "conformance.emulation", "importable": None,
+                "error": "not probed: the run was interrupted before a worker reported it"}
+    return probe_module("conformance.emulation")
 
 
 def finish_run(
@@ -473,13 +492,12 @@ def finish_run(
     controller never imports the property modules: that costs seconds); ``None``: import the catalog here.
     ``emulation_probe``: :func:`~conformance.core.probe.probe_module` of ``conformance.emulation`` as a worker
     found it (``None``: probe it here)."""
-    from conformance.core.probe import probe_module
 
     if catalog_ids is None:
         catalog_ids = _catalog_ids()
 
     probes = {"deep_ep": config.deep_ep_probe or None,
-              "conformance.emulation": emulation_probe or probe_module("conformance.emulation")}
+              "conformance.emulation": emulation_probe or _emulation_probe(interrupted)}
     env = environment(config, probes, config.seed)
     for backend in env["backends"]:  # which deep_ep the backend drove in the ranks (construction preflight)
         seen = next((e.seen[backend["name"]] for e in entries if backend["name"] in e.seen), None)
