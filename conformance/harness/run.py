@@ -34,9 +34,8 @@ from conformance.world.launcher import describe_engine
 
 #: Key of the resolved set-up handed from the xdist controller to its workers.
 WORKER_INPUT = "conformance_run"
-#: What a worker tells the controller when it ends: every property id of the catalog it collected.
-CATALOG_KEY = "conformance_catalog"
-#: ... and what conformance.emulation offers (the report's probes): the controller need not import torch.
+#: What a worker tells the controller when it ends: what conformance.emulation offers (the report's probes), so that
+#: the controller need not import torch.
 EMULATION_PROBE_KEY = "conformance_emulation_probe"
 
 
@@ -49,8 +48,6 @@ class ConformanceRun:
         self.is_worker = workerinput is not None
         self.started = time.monotonic()
         self.entries: list[Any] = []
-        #: Every property id in catalog order, from the workers (``None``: the controller imports the catalog).
-        self.catalog_ids: list[str] | None = None
         #: What ``conformance.emulation`` offers, probed by a worker (``None``: probed here, importing torch).
         self.emulation_probe: dict[str, Any] | None = None
         self.document: dict[str, Any] | None = None
@@ -289,10 +286,8 @@ class ConformanceRun:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """An xdist worker ended: keep the catalog it collected (the controller does not import it)."""
+        """An xdist worker ended: keep its probe of the emulation (the controller does not import it)."""
         output = getattr(node, "workeroutput", {})
-        if output.get(CATALOG_KEY):
-            self.catalog_ids = list(output[CATALOG_KEY])
         if output.get(EMULATION_PROBE_KEY):
             self.emulation_probe = dict(output[EMULATION_PROBE_KEY])
 
@@ -302,10 +297,8 @@ class ConformanceRun:
             self.session = None
         if self.is_worker and hasattr(self.config, "workeroutput"):
             from conformance.core.probe import probe_module
-            from conformance.properties import catalog
 
-            self.config.workeroutput[CATALOG_KEY] = list(catalog())  # imported here already: cheap
-            self.config.workeroutput[EMULATION_PROBE_KEY] = probe_module("conformance.emulation")  # likewise
+            self.config.workeroutput[EMULATION_PROBE_KEY] = probe_module("conformance.emulation")  # loaded: cheap
         if self.is_worker or self.config.option.collectonly:
             return
         from conformance.reporting.report import finish_run
@@ -319,7 +312,7 @@ class ConformanceRun:
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
                                    baseline=self.baseline, interrupted=interrupted,
                                    allow_partial=bool(self.config.option.allow_partial),
-                                   write_baseline=self.write_baseline, catalog_ids=self.catalog_ids,
+                                   write_baseline=self.write_baseline,
                                    emulation_probe=self.emulation_probe)
         if (self.document.get("gate_failed") or self.document.get("baseline_refused")) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -307,7 +307,7 @@ def _known_defects_path(config: RunConfig) -> str | None:
 
 
 def known_defects_section(config: RunConfig, entries: list[PropertyEntry],
-                          catalog_ids: list[str] | None = None) -> dict[str, Any]:
+                          catalog_ids: list[str]) -> dict[str, Any]:
     """Every entry of the run's known-defects file with its status: ``known-defect`` (it failed as the entry
     says), ``fixed`` (its condition was reached and held everywhere), ``not-reached`` (no example met its
     condition), ``not-exercised`` (no property exercises it), ``not-run`` (its property did not run)."""
@@ -315,7 +315,7 @@ def known_defects_section(config: RunConfig, entries: list[PropertyEntry],
 
     defects = known_defects_of(config)
     ran = {e.id: e for e in entries if e.status != "not-run"}
-    known_ids = set(catalog_ids if catalog_ids is not None else _catalog_ids())
+    known_ids = set(catalog_ids)
     listed = []
     for entry in defects.entries:
         seen = [e.known_defects.get(entry.id) for e in entries if e.id == entry.property]
@@ -482,19 +482,15 @@ def finish_run(
     interrupted: bool = False,
     allow_partial: bool = False,
     write_baseline: str | None = None,
-    catalog_ids: list[str] | None = None,
     emulation_probe: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build, gate and write the run's report (controller, end of the session); store it as a baseline at
     ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set.
 
-    ``catalog_ids``: every property id in catalog order, as the workers that collected them reported it (an xdist
-    controller never imports the property modules: that costs seconds); ``None``: import the catalog here.
     ``emulation_probe``: :func:`~conformance.core.probe.probe_module` of ``conformance.emulation`` as a worker
     found it (``None``: probe it here)."""
 
-    if catalog_ids is None:
-        catalog_ids = _catalog_ids()
+    catalog_ids = _catalog_ids()
 
     probes = {"deep_ep": config.deep_ep_probe or None,
               "conformance.emulation": emulation_probe or _emulation_probe(interrupted)}
