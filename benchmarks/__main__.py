@@ -114,16 +114,21 @@ def property_rates(reps: int, examples: int, session: Any) -> dict[str, Any]:
     if broken:
         raise RuntimeError(f"property modules do not import: {broken}")
     out = {}
+    session.world.run("benchmarks.tasks:count_collectives")
     for pid in sorted(catalog, key=property_sort_key):
-        rates = []
+        rates, collectives = [], []
         for rep in range(reps):
+            session.world.run("benchmarks.tasks:take_collective_counts")
             t = time.perf_counter()
             n, case, error = first_failure(session, catalog[pid], Budget(examples, rep))
             took = time.perf_counter() - t
             if error is not None:
                 raise RuntimeError(f"{pid} failed on the plain emulation while benchmarking: {error!r} on {case}")
             rates.append(n / took)
-        out[pid] = median_of(rates, "examples/s", examples_per_run=examples)
+            counted = session.world.run("benchmarks.tasks:take_collective_counts")[0]  # rank 0's
+            collectives.append(sum(counted.values()) / max(n, 1))
+        out[pid] = median_of(rates, "examples/s", examples_per_run=examples,
+                             collectives_per_example=round(statistics.median(collectives), 1))
     return out
 
 
@@ -271,7 +276,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--examples", type=int, default=25, help="examples per property for the examples/s figures")
     p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(FIGURES))
     p.add_argument("--skip", default="", help="comma-separated figures to leave out (e.g. mutation: it is long)")
-    p.add_argument("--mutation-args", default="--jobs 2 --first-kill", help="options of the kill-matrix run")
+    p.add_argument("--mutation-args", default="--jobs 2 --first-kill --order-from docs/kill-matrix.json",
+                   help="options of the kill-matrix run")
     p.add_argument("--profile-ranks", action="store_true",
                    help="profile the ranks (cProfile) during the per-property figures and report the share of their "
                         "time in synchronisation and copies (slows those figures: they are marked profiled)")

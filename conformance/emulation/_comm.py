@@ -1,13 +1,14 @@
 """Collectives used by the emulation: only ``all_gather`` of fixed-size tensors (works on gloo and NCCL).
 
 Every payload travels as raw bytes (``uint8``), so NaN bit patterns, -0.0 and +-Inf survive and any dtype
-(bfloat16, float8) is supported by every backend.
+(bfloat16, float8) is supported by every backend.  :func:`exchange` is what a call uses: its preflight (row
+counts, the local verdict) and its rows in one collective where they fit in :data:`EAGER_BYTES`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,111 +39,139 @@ def all_gather_ints(group: dist.ProcessGroup, values: Sequence[int], device: tor
     return torch.stack(gathered).cpu()
 
 
-def preflight(
+#: Payload bytes every rank sends with its header in :func:`exchange`'s first collective.  Up to about this size a
+#: gloo ``all_gather`` costs its latency, not its bytes (2-core machine, 2 and 4 ranks: 24 B and 64 KiB alike), so
+#: a small call's preflight and rows cost one collective; a larger one sends its rows in a second.  A constant,
+#: never learnt from earlier calls: every rank must size every collective alike without keeping state in step.
+EAGER_BYTES = 64 * 1024
+
+Fields = Mapping[str, "torch.Tensor | None"]
+_HEADER = 3  # [num_rows, refused, payload bytes], then the caller's extra ints, then one byte count per whole
+
+
+def _pack(fields: Fields, whole: Fields, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """This rank's payload bytes: every row's bytes of every field side by side, then every whole tensor's bytes;
+    and the byte count of each whole tensor."""
+    parts, sizes = [], []
+    rows = [t for t in fields.values() if t is not None]
+    if rows:
+        n = rows[0].shape[0]
+        packed = [t.reshape(n, -1).clone(memory_format=torch.contiguous_format).view(torch.uint8).reshape(n, -1)
+                  if t.numel() else torch.empty((n, 0), dtype=torch.uint8, device=t.device) for t in rows]
+        parts.append(torch.cat(packed, dim=1).reshape(-1).to(device))
+    for t in whole.values():
+        flat = (t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8) if t is not None and
+                t.numel() else torch.empty(0, dtype=torch.uint8, device=device))
+        sizes.append(flat.numel())
+        parts.append(flat.to(device))
+    payload = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8, device=device)
+    return payload, sizes
+
+
+def _unpack(payload: torch.Tensor, num_rows: int, fields: Fields, whole: Fields, whole_sizes: Sequence[int],
+            device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One rank's payload split again: its rows of every field (trailing shape and dtype as this rank's own) and
+    its whole tensors (flat, this rank's dtype)."""
+    out_rows: dict[str, torch.Tensor] = {}
+    present = {name: t for name, t in fields.items() if t is not None}
+    widths = [math.prod(t.shape[1:]) * t.element_size() for t in present.values()]
+    row_bytes = sum(widths)
+    block = payload[: num_rows * row_bytes].reshape(num_rows, row_bytes)
+    offset = 0
+    for (name, t), width in zip(present.items(), widths, strict=True):
+        shape = (num_rows, *t.shape[1:])
+        if width:
+            piece = block[:, offset:offset + width].clone(memory_format=torch.contiguous_format)
+            out_rows[name] = piece.view(t.dtype).reshape(shape)
+        else:
+            out_rows[name] = torch.empty(shape, dtype=t.dtype, device=device)
+        offset += width
+    out_whole: dict[str, torch.Tensor] = {}
+    cursor = num_rows * row_bytes
+    for (name, t), size in zip(whole.items(), whole_sizes, strict=True):
+        piece = payload[cursor:cursor + size].clone()
+        cursor += size
+        dtype = t.dtype if t is not None else torch.uint8
+        out_whole[name] = piece.view(dtype) if size else torch.empty(0, dtype=dtype, device=device)
+    return out_rows, out_whole
+
+
+class Exchanged:
+    """What :func:`exchange` brought: per rank its ``[num_rows, *extra]`` (``table``), its rows of every field
+    (``fields[name][rank]``) and its whole tensors (``whole[name][rank]``, flat)."""
+
+    def __init__(self, table: list[list[int]], fields: dict[str, list[torch.Tensor]],
+                 whole: dict[str, list[torch.Tensor]], names: list[str]) -> None:
+        self.table, self.fields, self.whole = table, fields, whole
+        self.names = names  # every field asked for, ``None`` ones included
+
+    @property
+    def counts(self) -> list[int]:
+        return [row[0] for row in self.table]
+
+
+def exchange(
     group: dist.ProcessGroup,
     device: torch.device,
     num_rows: int,
     error: str | BaseException | None,
     what: str,
-) -> list[int]:
-    """Exchange each rank's row count and local validation verdict.
-
-    Raises ``error`` on the rank that found the problem (an exception as given, e.g. the library's own
-    refusal; a message as ``ValueError``) and ``PeerRefused`` on the others, so that a bad input on one rank
-    produces an exception on every rank instead of a hang.
-
-    Returns:
-        the row count of every rank.
-    """
-    return [row[0] for row in preflight_with(group, device, num_rows, error, what)]
-
-
-def preflight_with(
-    group: dist.ProcessGroup,
-    device: torch.device,
-    num_rows: int,
-    error: str | BaseException | None,
-    what: str,
+    fields: Fields | Callable[[], Fields],
     extra: Sequence[int] = (),
-) -> list[list[int]]:
-    """:func:`preflight` that also exchanges ``extra`` ints of every rank (the same count on every rank): per rank
-    ``[num_rows, *extra]``."""
-    table = all_gather_ints(group, [num_rows, 0 if error is None else 1, *extra], device)
+    whole: Fields | None = None,
+) -> Exchanged:
+    """A call's preflight and its data in one all-gather (two where some rank's payload exceeds
+    :data:`EAGER_BYTES`): every rank's row count, verdict and ``extra`` ints (the same count on every rank), its
+    ``num_rows`` rows of every field (row-aligned tensors; ``None`` where ``None`` on every rank) and its ``whole``
+    tensors (any shape, flat on arrival).
+
+    Raises ``error`` on the rank that found it (an exception as given, a message as
+    ``ValueError``) and ``PeerRefused`` on the others, and then nothing of anybody's data is used.  ``fields`` may
+    be a function returning them, called only where this rank found no error (its inputs may be unusable)."""
+    whole = dict(whole or {})
+    if error is None:
+        present = dict(fields() if callable(fields) else fields)
+        payload, whole_sizes = _pack(present, whole, device)
+    else:
+        present = {}
+        payload, whole_sizes = torch.empty(0, dtype=torch.uint8, device=device), [0] * len(whole)
+    header = torch.tensor([num_rows, 0 if error is None else 1, payload.numel(), *extra, *whole_sizes],
+                          dtype=torch.int64).view(torch.uint8)
+    local = torch.zeros(header.numel() + EAGER_BYTES, dtype=torch.uint8, device=device)
+    local[: header.numel()] = header.to(device)
+    eager = payload.numel() <= EAGER_BYTES
+    if eager and payload.numel():
+        local[header.numel(): header.numel() + payload.numel()] = payload
+    gathered = [torch.empty_like(local) for _ in range(group.size())]
+    all_gather(gathered, local, group)
+    heads = torch.stack([g[: header.numel()] for g in gathered]).cpu().view(torch.int64).reshape(group.size(), -1)
+    table = heads.tolist()
     if isinstance(error, BaseException):
         raise error
     if error is not None:
         raise ValueError(error)
-    bad = [r for r in range(group.size()) if int(table[r, 1]) != 0]
+    bad = [r for r in range(group.size()) if table[r][1] != 0]
     if bad:
         raise PeerRefused(
             f"{what}: rank(s) {bad} refused their input (see the exception on those ranks); "
             f"nothing was communicated"
         )
-    return [[int(row[0]), *(int(v) for v in row[2:])] for row in table]
-
-
-def all_gather_rows(
-    group: dist.ProcessGroup, tensor: torch.Tensor, counts: Sequence[int]
-) -> list[torch.Tensor]:
-    """All-gather a tensor whose first dimension differs between ranks.
-
-    Arguments:
-        tensor: this rank's ``[counts[rank], ...]`` tensor (any dtype); trailing dims must match on all ranks.
-        counts: the first-dimension size on every rank.
-
-    Returns:
-        one tensor per rank, with that rank's rows, on ``tensor``'s device.
-    """
-    row_shape = tuple(tensor.shape[1:])
-    row_elems = math.prod(row_shape)
-    max_rows = max(max(counts), 1)
-    row_bytes = row_elems * tensor.element_size()
-    local = torch.zeros((max_rows, max(row_bytes, 1)), dtype=torch.uint8, device=tensor.device)
-    if tensor.shape[0] > 0 and row_bytes > 0:
-        # clone(contiguous_format), not contiguous(): a one-row column slice (stride 2) counts as contiguous
-        # but cannot be viewed as bytes.
-        rows = tensor.reshape(tensor.shape[0], row_elems).clone(memory_format=torch.contiguous_format)
-        local[: tensor.shape[0], :row_bytes] = rows.view(torch.uint8)
-    gathered = [torch.empty_like(local) for _ in range(group.size())]
-    all_gather(gathered, local, group)
-    result = []
-    for rows, buf in zip(counts, gathered, strict=False):
-        part = buf[:rows, :row_bytes].contiguous()
-        if row_bytes > 0:
-            part = part.view(tensor.dtype)
-        else:
-            part = torch.empty((rows, 0), dtype=tensor.dtype, device=tensor.device)
-        result.append(part.reshape((rows,) + row_shape))
-    return result
-
-
-def all_gather_fields(
-    group: dist.ProcessGroup, fields: dict[str, torch.Tensor], counts: Sequence[int]
-) -> dict[str, list[torch.Tensor]]:
-    """:func:`all_gather_rows` of several row-aligned tensors (same first dimension) in one collective: each row's
-    bytes of every field side by side, gathered once, split again.  Returns, per field, one tensor per rank."""
-    if len(fields) <= 1:
-        return {name: all_gather_rows(group, tensor, counts) for name, tensor in fields.items()}
-    first = next(iter(fields.values()))
-    widths, parts = [], []
-    for tensor in fields.values():
-        width = math.prod(tensor.shape[1:]) * tensor.element_size()
-        if tensor.numel():
-            flat = tensor.reshape(tensor.shape[0], -1).clone(memory_format=torch.contiguous_format)
-            row = flat.view(torch.uint8).reshape(tensor.shape[0], width)
-        else:  # no rows here (or empty rows): a [rows, width] block of nothing to send
-            row = torch.empty((tensor.shape[0], width), dtype=torch.uint8, device=tensor.device)
-        widths.append(width)
-        parts.append(row)
-    packed = torch.cat(parts, dim=1) if parts else torch.empty((first.shape[0], 0), dtype=torch.uint8)
-    gathered = all_gather_rows(group, packed, counts)
-    out: dict[str, list[torch.Tensor]] = {name: [] for name in fields}
-    for buf in gathered:
-        offset = 0
-        for (name, tensor), width in zip(fields.items(), widths, strict=True):
-            piece = buf[:, offset:offset + width].clone(memory_format=torch.contiguous_format)
-            offset += width
-            shape = (buf.shape[0], *tensor.shape[1:])
-            out[name].append(piece.view(tensor.dtype).reshape(shape) if width else
-                             torch.empty(shape, dtype=tensor.dtype, device=tensor.device))
-    return out
+    largest = max(row[2] for row in table)
+    if largest > EAGER_BYTES:  # a second round, sized alike on every rank from the headers
+        second = torch.zeros(largest, dtype=torch.uint8, device=device)
+        second[: payload.numel()] = payload
+        payloads = [torch.empty_like(second) for _ in range(group.size())]
+        all_gather(payloads, second, group)
+    else:
+        payloads = [g[header.numel():] for g in gathered]
+    n_extra = len(extra)
+    out_fields: dict[str, list[torch.Tensor]] = {name: [] for name, t in present.items() if t is not None}
+    out_whole: dict[str, list[torch.Tensor]] = {name: [] for name in whole}
+    for row, data in zip(table, payloads, strict=True):
+        rows, wholes = _unpack(data, row[0], present, whole, row[_HEADER + n_extra:], device)
+        for name, value in rows.items():
+            out_fields[name].append(value)
+        for name, value in wholes.items():
+            out_whole[name].append(value)
+    return Exchanged([[row[0], *row[_HEADER:_HEADER + n_extra]] for row in table], out_fields, out_whole,
+                     list(present))

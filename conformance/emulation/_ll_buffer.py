@@ -11,6 +11,7 @@ code's: ``size_t`` (modulo 2**64) products and sums, ``int`` (32-bit) ``num_expe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -150,12 +151,13 @@ class LowLatencyBuffer:
         self.mask[peer] = 1
 
 
-def preflight_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device, num_rows: int,
-                    error: str | BaseException | None, what: str) -> tuple[list[int], list[list[bool]]]:
-    """The call's preflight (``_comm.preflight``), which also carries every rank's mask as it sends: ``(row counts,
-    masks)``, ``masks[s][d]``: rank ``s`` does not send to ``d``."""
-    table = _comm.preflight_with(group, device, num_rows, error, what, [int(m) for m in state.masked()])
-    return [row[0] for row in table], [[bool(v) for v in row[1:]] for row in table]
+def exchange_with_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device, num_rows: int,
+                        error: str | BaseException | None, what: str,
+                        fields: Callable[[], _comm.Fields]) -> tuple[_comm.Exchanged, list[list[bool]]]:
+    """The call's preflight and rows (``_comm.exchange``), which also carry every rank's mask as it sends: ``(what
+    arrived, masks)``, ``masks[s][d]``: rank ``s`` does not send to ``d``."""
+    exchanged = _comm.exchange(group, device, num_rows, error, what, fields, [int(m) for m in state.masked()])
+    return exchanged, [[bool(v) for v in row[1:]] for row in exchanged.table]
 
 
 def gather_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device) -> list[list[bool]]:

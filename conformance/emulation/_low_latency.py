@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import _checks, _comm, _exchange, _ll_buffer, _refusals, _sizing
-from ._ll_buffer import LowLatencyBuffer, barrier, fits, layout, preflight_masks
+from . import _checks, _exchange, _ll_buffer, _refusals, _sizing
+from ._ll_buffer import LowLatencyBuffer, barrier, exchange_with_masks, fits, layout
 from ._refusals import check, refuse
 from .utils.event import EventHandle, EventOverlap, defer
 
@@ -335,15 +335,21 @@ class LowLatencyMixin:
             _kernel_checks(num_experts, topk_idx.shape[1], hidden, "v1_ll_dispatch_kernel_496",
                            "v1_ll_dispatch_kernel_501", "v1_ll_dispatch_unsupported_hidden")
             error = _qp_error(self.num_qps_per_rank, num_local)
-        counts, masks = preflight_masks(self.group, state, x.device, x.shape[0], error, "Buffer.low_latency_dispatch")
-        lay = layout(t_max, hidden, num_experts)
-        sent = [not row[me] for row in masks]  # did source s send to me
-
         # the send phase: the cast at the source, one message per (token, slot) with an expert, then per (expert,
         # destination) the count word -count - 1 (into this call's signalling buffer; the other one is zeroed)
-        payload, scales = fp8_cast(x, round_scale) if use_fp8 else (x, None)
-        fields = {"x": payload, "scales": scales, "topk_idx": topk_idx}
-        received = {name: _comm.all_gather_rows(self.group, t, counts) for name, t in fields.items() if t is not None}
+        cast: dict[str, torch.Tensor | None] = {}
+
+        def send_fields() -> dict[str, torch.Tensor | None]:  # only where this rank's arguments passed the checks
+            cast["x"], cast["scales"] = fp8_cast(x, round_scale) if use_fp8 else (x, None)
+            return {"x": cast["x"], "scales": cast["scales"], "topk_idx": topk_idx}
+
+        exchanged, masks = exchange_with_masks(self.group, state, x.device, x.shape[0], error,
+                                               "Buffer.low_latency_dispatch", send_fields)
+        payload, scales = cast["x"], cast["scales"]
+        assert payload is not None
+        received = exchanged.fields
+        lay = layout(t_max, hidden, num_experts)
+        sent = [not row[me] for row in masks]  # did source s send to me
         orders = [[_slot_order(received["topk_idx"][s], me * num_local + e) for s in range(num_ranks)]
                   for e in range(num_local)]
         words = state.words(lay, index).view(num_local, num_ranks)
@@ -462,33 +468,41 @@ class LowLatencyMixin:
             _kernel_checks(num_experts, num_topk, hidden, "v1_ll_combine_kernel_1170", "v1_ll_combine_kernel_1179",
                            "v1_ll_combine_unsupported_hidden",
                            between=((not (zero_copy and use_logfmt), "v1_ll_combine_kernel_1182"),))
-        _, masks = preflight_masks(self.group, state, x.device, num_tokens, error, "Buffer.low_latency_combine")
         lay = layout(t_max, hidden, num_experts)
         me = self.rank
-        source = state.staging(lay, index, num_local, num_ranks * t_max, hidden) if zero_copy else x
-
-        # the send phase: every valid row of a block goes back to its source rank (unless this rank masked it),
-        # then per (expert, destination) a flag into this call's signalling buffer (the other one is zeroed)
         device = x.device
-        rows, tokens, experts, dst = [], [], [], []
-        for e in range(num_local):
-            for s in range(num_ranks):
-                packed = int(layout_range[e, s])
-                begin, count = packed >> 32, _ll_buffer.int32(packed)  # unpack2: (int count, int offset)
-                end = min(begin + count, num_ranks * t_max)
-                begin, count = max(begin, 0), end - max(begin, 0)  # a garbage layout: rows of the tensor only
-                if count > 0 and not masks[me][s]:
-                    rows.append(source[e, begin:begin + count])
-                    tokens.append(src_info[e, begin:begin + count].to(torch.int64))
-                    experts.append(torch.full((count,), me * num_local + e, dtype=torch.int64, device=device))
-                    dst.append(torch.full((count,), s, dtype=torch.int64, device=device))
         empty = torch.empty(0, dtype=torch.int64, device=device)
-        send_rows = torch.cat(rows) if rows else torch.empty((0, hidden), dtype=x.dtype, device=device)
-        values = logfmt_roundtrip(send_rows) if use_logfmt else send_rows.to(torch.float32)
-        parts = _exchange.return_to_sources(self.group, device, torch.cat(dst) if dst else empty, {
-            "x": values, "token": torch.cat(tokens) if tokens else empty,
-            "expert": torch.cat(experts) if experts else empty})
-        got_x = torch.cat([p["x"] for p in parts])
+        mine = state.masked()  # this rank's mask as it sends (every rank's arrives with the rows)
+
+        def send_phase() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            """Every valid row of a block goes back to its source rank (unless this rank masked it); only where this
+            rank's arguments passed the checks."""
+            source = state.staging(lay, index, num_local, num_ranks * t_max, hidden) if zero_copy else x
+            rows, tokens, experts, dst = [], [], [], []
+            for e in range(num_local):
+                for s in range(num_ranks):
+                    packed = int(layout_range[e, s])
+                    begin, count = packed >> 32, _ll_buffer.int32(packed)  # unpack2: (int count, int offset)
+                    end = min(begin + count, num_ranks * t_max)
+                    begin, count = max(begin, 0), end - max(begin, 0)  # a garbage layout: rows of the tensor only
+                    if count > 0 and not mine[s]:
+                        rows.append(source[e, begin:begin + count])
+                        tokens.append(src_info[e, begin:begin + count].to(torch.int64))
+                        experts.append(torch.full((count,), me * num_local + e, dtype=torch.int64, device=device))
+                        dst.append(torch.full((count,), s, dtype=torch.int64, device=device))
+            send_rows = torch.cat(rows) if rows else torch.empty((0, hidden), dtype=x.dtype, device=device)
+            values = logfmt_roundtrip(send_rows) if use_logfmt else send_rows  # bf16 rows: widened on arrival
+            return torch.cat(dst) if dst else empty, {
+                "x": values, "token": torch.cat(tokens) if tokens else empty,
+                "expert": torch.cat(experts) if experts else empty}
+
+        # the send phase, then per (expert, destination) a flag into this call's signalling buffer (the other one
+        # is zeroed); the call's preflight (verdict, masks) travels with the rows
+        dst, fields = send_phase() if error is None else (empty, {})
+        parts, table = _exchange.return_to_sources(self.group, device, dst, fields, error,
+                                                   "Buffer.low_latency_combine", [int(m) for m in mine])
+        masks = [[bool(v) for v in row[1:]] for row in table]
+        got_x = torch.cat([p["x"] for p in parts]).to(torch.float32)  # exact: bf16 and LogFMT-decoded rows alike
         key = torch.cat([p["token"] for p in parts]) * max(num_experts, 1) + torch.cat([p["expert"] for p in parts])
         flags = state.words(lay, index)
         state.words(lay, index ^ 1).zero_()

@@ -11,7 +11,7 @@ import functools
 import torch
 import torch.distributed as dist
 
-from . import _checks, _comm, _exchange, _refusals, _route, _sizing
+from . import _checks, _exchange, _refusals, _route, _sizing
 from ._refusals import check
 from ._topology import Topology, get_topology
 from .utils.event import EventHandle, EventOverlap, async_outputs
@@ -380,13 +380,12 @@ class ElasticBuffer:
 
         error = channels if isinstance(channels, BaseException) else None
         error = error or _checks.expert_range_error(topk_idx, num_experts)  # an emulation refusal (see table)
-        counts = _comm.preflight(self.group, x.device, x.shape[0], error, "ElasticBuffer.dispatch")
         plan = self._receive(
             x,
             sf,
             topk_idx,
             topk_weights,
-            counts,
+            error,
             num_experts,
             num_max_tokens_per_rank,
             expert_alignment,
@@ -566,7 +565,7 @@ class ElasticBuffer:
         sf: torch.Tensor | None,
         topk_idx: torch.Tensor,
         topk_weights: torch.Tensor | None,
-        counts: list[int],
+        error: BaseException | None,
         num_experts: int,
         num_max_tokens_per_rank: int,
         expert_alignment: int,
@@ -575,9 +574,12 @@ class ElasticBuffer:
         me, world = self.rank_idx, self.num_ranks
         experts_per_rank = num_experts // world
         fields = {"x": x, "sf": sf, "topk_idx": topk_idx, "topk_weights": topk_weights}
-        recv = _exchange.gather_selected(
+        recv = _exchange.gather_selected(  # the call's preflight (this rank's verdict) and its rows
             self.group,
-            counts,
+            x.device,
+            x.shape[0],
+            error,
+            "ElasticBuffer.dispatch",
             fields,
             lambda s, f: _route.token_in_rank(f["topk_idx"], num_experts, world)[:, me],
         )
@@ -717,7 +719,7 @@ class ElasticBuffer:
             send_x, send_g = x, gidx
             send_slot = torch.full((n,), -1, dtype=torch.int64, device=x.device)
             send_w = None if topk_weights is None else topk_weights[:n]
-        parts = _exchange.return_to_sources(
+        parts, _ = _exchange.return_to_sources(
             self.group,
             x.device,
             torch.div(send_g, n_max, rounding_mode="floor"),

@@ -11,7 +11,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from . import _checks, _comm, _exchange, _route, _sizing
+from . import _checks, _exchange, _route, _sizing
 from ._checks import INT_MAX
 from ._low_latency import LowLatencyMixin
 from ._low_latency import rdma_size_hint as ll_rdma_size_hint
@@ -633,7 +633,6 @@ class Buffer(LowLatencyMixin):
                 f"deep_ep emulation: is_token_in_rank has shape {tuple(is_token_in_rank.shape)}, "
                 f"expected {(x.shape[0], self.group_size)}"
             )
-        counts = _comm.preflight(self.group, x.device, x.shape[0], error, what)
         fields = {
             "x": x,
             "x_scales": x_scales,
@@ -641,12 +640,9 @@ class Buffer(LowLatencyMixin):
             "topk_weights": topk_weights,
             "in_rank": is_token_in_rank.to(torch.bool),
         }
-        recv = _exchange.gather_selected(self.group, counts, fields, lambda s, f: f["in_rank"][:, self.rank])
-        if num_tokens_per_expert is not None:
-            recv.gathered["num_tokens_per_expert"] = _comm.all_gather_rows(
-                self.group, num_tokens_per_expert.reshape(1, -1), [1] * self.group_size
-            )
-        return recv
+        whole = {} if num_tokens_per_expert is None else {"num_tokens_per_expert": num_tokens_per_expert}
+        return _exchange.gather_selected(self.group, x.device, x.shape[0], error, what, fields,
+                                         lambda s, f: f["in_rank"][:, self.rank], whole)
 
     def _intranode_handle(
         self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor, num_worst_tokens: int = 0
@@ -787,7 +783,7 @@ class Buffer(LowLatencyMixin):
         ``internode::combine`` (csrc/kernels/legacy/internode.cu, ``combine_token``), the NVLink forwarder of
         each node sums that node's contributions in float32 and writes them as ``x.dtype`` into the RDMA
         buffer; the RDMA receiver sums the two biases and the nodes' partials in float32 and rounds again."""
-        parts = _exchange.return_to_sources(
+        parts, _ = _exchange.return_to_sources(
             self.group, x.device, src_rank, {"x": x, "token": src_token, "w": topk_weights}
         )
         contributions = [(p["token"], p["x"]) for p in parts]

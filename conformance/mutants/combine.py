@@ -149,8 +149,8 @@ def gradient_scale_wrong() -> Iterator[None]:
 def _rewrite_received_payload(rewrite) -> Iterator[None]:
     """Patch the emulation's token exchange so that received bf16 payloads pass through ``rewrite(bits)``."""
 
-    def patched(group, counts, fields, selector):
-        received = _gather_selected(group, counts, fields, selector)
+    def patched(*args, **kwargs):
+        received = _gather_selected(*args, **kwargs)
         x = received.fields.get("x")
         if x is not None and x.dtype == torch.bfloat16:
             received.fields["x"] = rewrite(x.contiguous().view(torch.int16).clone()).view(torch.bfloat16)
