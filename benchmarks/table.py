@@ -27,6 +27,12 @@ def rows(results: dict[str, Any]) -> list[tuple[str, str, str]]:
         out.append((f"examples/s per property, 1x2 world (median over properties; slowest){profiled}",
                     f"{statistics.median(rates):.1f} (min {props[slow]['median']:.1f}, {slow.split('-')[0]})",
                     ">= 50"))
+        counted = {k: v["collectives_per_example"] for k, v in props.items() if "collectives_per_example" in v}
+        if counted:
+            most = max(counted, key=lambda k: counted[k])
+            out.append(("collectives per example on rank 0 (median over properties; most)",
+                        f"{statistics.median(counted.values()):.1f} (max {counted[most]:.1f}, {most.split('-')[0]})",
+                        ""))
     if "cost_growth" in f:
         c = f["cost_growth"]["cells"]
         out.append(("P1 example, T=16 h=128 -> T=1024 h=4096 (growth exponent vs bytes)",
