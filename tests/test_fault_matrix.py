@@ -143,10 +143,12 @@ def test_a_rank_dying_in_dispatch_spends_a_bounded_budget(tmp_path: Path) -> Non
     (["--device", "cuda"], "--device cuda: no CUDA GPU is visible here"),
     (["--backends", "bogus"], "unknown backend 'bogus': expected one of emulated-v1, emulated-v2, real-v1, real-v2"),
     (["--nodes", "0"], "--nodes must be at least 1, got 0"),
+    (["--time-budget", "-5"], "--time-budget must be 0 (off) or a number of seconds, got -5"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--mutant", "nope"], "--mutant 'nope' is not registered; known:"),
     (["--baseline", "/nonexistent/conformance.json"], "is not a readable conformance report"),
-], ids=["real-1-rank", "real-no-gpu", "cuda-no-gpu", "unknown-backend", "zero-nodes", "unknown-device",
+], ids=["real-1-rank", "real-no-gpu", "cuda-no-gpu", "unknown-backend", "zero-nodes", "negative-time-budget",
+        "unknown-device",
         "unknown-mutant", "missing-baseline"])
 def test_an_impossible_set_up_is_one_line_before_anything_starts(args: list[str], expected: str,
                                                                   tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ class RunConfig:
     #: "isolated" or "recorder" (see ``world.launcher.World``).
     rank_setup: str = "isolated"
     max_examples: int = 25
+    #: ``--time-budget``: seconds each property keeps drawing rounds of ``max_examples`` new draws; 0 = off.
+    time_budget_s: float = 0.0
     #: Soak mode (``--soak N``): repetitions of each soak example; 0 = off.
     soak: int = 0
     seed: int | None = None

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from conformance.harness.faults import BudgetExhausted, describe_cause
@@ -104,8 +104,10 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
     database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
     # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
     # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
-    body = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
-                    database=database, report_multiple_bugs=False)(given(case=prop.strategy(config.shape))(check_one))
+    started = time.monotonic()
+    drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
+                       database=database, report_multiple_bugs=False)
+    body = drawing(given(case=prop.strategy(config.shape))(check_one))
 
     for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
         body = example(case=case)(body)
@@ -122,7 +124,23 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         body = stateful_test(session, prop, SUPPRESSED)
     try:
         body()
+        if prop.stateful is None:
+            for round_seed in _more_rounds(config, started):
+                more = seed(round_seed)(given(case=prop.strategy(config.shape))(check_one))
+                more._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
+                    drawing, database=database, phases=(Phase.generate, Phase.shrink))  # new draws only
+                more()
     except BudgetExhausted as exhausted:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
+
+
+def _more_rounds(config: Any, started: float) -> Any:
+    """``--time-budget``: the seeds of further rounds of ``max_examples`` draws (``seed + 1``, ``seed + 2``, ...) while
+    the property's time since ``started`` is under the budget (a round begun runs to its end)."""
+    base = config.seed if config.seed is not None else 0
+    round_ = 0
+    while config.time_budget_s and time.monotonic() - started < config.time_budget_s:
+        round_ += 1
+        yield (base + round_) % 2**32

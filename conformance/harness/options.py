@@ -58,6 +58,10 @@ OPTIONS: tuple[Option, ...] = (
            "(hypothesis/, replayed first by the next run) go (default reports)", str, "reports", "DIR"),
     Option("--max-examples", f"Hypothesis examples per property (default {DEFAULT_MAX_EXAMPLES})", int,
            DEFAULT_MAX_EXAMPLES, "N"),
+    Option("--time-budget", "seconds each property keeps drawing: after its --max-examples, more rounds of "
+           "--max-examples new draws (seeds seed+1, seed+2, ...; no explicit or stored cases again) while fewer than S "
+           "seconds have passed since the property started; stateful and soak properties run once (default 0: off)",
+           float, 0.0, "S"),
     Option("--soak", "soak mode: repeat the soak property's chosen examples (large shapes on GPUs: 4096 tokens per "
            "rank, hidden 7168, top-8 of 256 experts; small ones on CPU) N times, every repetition compared bitwise "
            "with the first and with the oracle; reports repetitions, rows compared, corrupted rows and the time "
@@ -195,6 +199,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         raise SetupError(f"--soak must be 0 (off) or a number of repetitions, got {v['soak']}")
     if v["max_restarts"] < 0:
         raise SetupError(f"--max-restarts must be 0 or more, got {v['max_restarts']}")
+    if v["time_budget"] < 0:
+        raise SetupError(f"--time-budget must be 0 (off) or a number of seconds, got {v['time_budget']:g}")
     if v["example_timeout"] <= 0:
         raise SetupError(f"--example-timeout must be positive, got {v['example_timeout']}")
     if v["device"] not in DEVICES:
@@ -326,6 +332,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         gpu_ids=gpu_ids,
         rank_env=rank_env,
         max_examples=v["max_examples"],
+        time_budget_s=v["time_budget"],
         soak=v["soak"],
         seed=seed,
         max_restarts=v["max_restarts"],

@@ -148,7 +148,9 @@ class ConformanceRun:
         run = self.run
         kinds = ", ".join(f"{b.name} ({describe_kind(b)})" for b in run.backends)
         lines = [f"conformance: backends {kinds}; world {run.shape.nodes} node(s) x {run.shape.ranks_per_node} "
-                 f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"]
+                 f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"
+                 + (f", rounds of them for {run.time_budget_s:g} s per property (--time-budget)"
+                    if run.time_budget_s else "")]
         engine = describe_engine(run.rdzv_endpoint, run.shape, run.remote_nodes, device=run.device)
         lines.append(f"conformance: launcher {engine['launcher']}; rendezvous {engine['rendezvous']}")
         return lines + [f"conformance: {note}" for note in run.notes]
@@ -212,7 +214,9 @@ class ConformanceRun:
         if examples - last_count >= 20 or (now - last_time >= 30.0 and examples > last_count):
             self._last_progress = (now, examples)
             self._write_progress(f"conformance: {property_id} running, {examples} examples done "
-                                 f"(at most {self.run.max_examples} drawn, plus shrinking)")
+                                 + (f"(rounds of {self.run.max_examples} for up to {self.run.time_budget_s:g} s)"
+                                    if self.run.time_budget_s else
+                                    f"(at most {self.run.max_examples} drawn, plus shrinking)"))
 
     def _write_progress(self, line: str, **style: bool) -> None:
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")

@@ -17,7 +17,6 @@ import socket
 import sys
 import tempfile
 import time
-from typing import Any
 
 from conformance.serve import run_generation
 from conformance.world.protocol import CONTROL_KEY, Refused, connect, node_key, read_token, recv, send
@@ -112,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = args.log_dir or tempfile.mkdtemp(prefix="conformance-node-")
     import torch  # noqa: F401  (once, here: each node loop and each generation's agent is forked with it loaded)
 
-    _load_lazy_torch_parts(torch)
-
     _root_pid = os.getpid()
     if args.nodes == 1:
         return _serve_loop(args, key, log_dir)
@@ -136,19 +133,6 @@ def main(argv: list[str] | None = None) -> int:
             for other in loops:
                 os.kill(other, 9)
             return code
-
-
-def _load_lazy_torch_parts(torch: Any) -> None:
-    """Load here, once, what torch imports on first use and a rank would otherwise import itself: the first
-    ``torch.use_deterministic_algorithms`` call loads ~800 modules (sympy, dynamo's config: 1.4 s here), which P12's
-    deterministic-mode bad calls made every rank pay.  Forked ranks inherit it (no thread is started by it, so the
-    fork stays safe); the mode is restored at once."""
-    try:
-        previous = torch.are_deterministic_algorithms_enabled()
-        torch.use_deterministic_algorithms(True)
-        torch.use_deterministic_algorithms(previous)
-    except Exception:  # noqa: BLE001 - a speed-up only: a torch without it loads lazily as before
-        pass
 
 
 def _serve_loop(args: argparse.Namespace, key: bytes, log_dir: str) -> int:

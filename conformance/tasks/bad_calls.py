@@ -502,18 +502,31 @@ def buffer_num_sms(module: Any, value: Any) -> Iterator[None]:
         module.Buffer.num_sms = old
 
 
+def _set_deterministic(mode: bool) -> None:
+    """torch's deterministic mode as DeepEP reads it (``torch.are_deterministic_algorithms_enabled()``, in C++
+    ``at::globalContext().deterministicAlgorithms()``): the flag ``torch.use_deterministic_algorithms`` sets, without
+    its other effect, ``torch._inductor.config.deterministic``, which imports inductor, dynamo and sympy (~800
+    modules, 1.2-1.6 s per rank process on 2 cores) and which no DeepEP code reads."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:  # a torch without the private setter: the public function, slow import and all
+        torch.use_deterministic_algorithms(mode)
+    else:
+        setter(mode)
+
+
 @contextlib.contextmanager
 def deterministic_algorithms(fill_uninitialized_memory: bool) -> Iterator[None]:
-    """``torch.use_deterministic_algorithms(True)`` with the given ``fill_uninitialized_memory`` (restored)."""
+    """torch's deterministic mode on (:func:`_set_deterministic`) with the given ``fill_uninitialized_memory``
+    (both restored)."""
     import torch.utils.deterministic as det
 
     old_mode, old_fill = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
-    torch.use_deterministic_algorithms(True)
+    _set_deterministic(True)
     det.fill_uninitialized_memory = fill_uninitialized_memory
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(old_mode)
+        _set_deterministic(old_mode)
         det.fill_uninitialized_memory = old_fill
 
 
