@@ -38,6 +38,14 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
                "deep_ep/buffers/legacy.py:259)",
     ) for operation in ("dispatch", "combine")),
     Limit(
+        api="v1",
+        operation="destroy",
+        applies=lambda example: example.world_size not in V1_CONFIGURED_RANKS,
+        condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
+        reason="Buffer.destroy's intranode barrier supports 2, 4 or 8 ranks per node ('Unsupported ranks', "
+               "csrc/kernels/legacy/intranode.cu:21); on those world sizes dispatch and combine are refused first",
+    ),
+    Limit(
         api="v2",
         operation="combine",
         applies=lambda example: example.hidden == 128,

@@ -82,13 +82,14 @@ class RankEnv:
             yield spec.name, get_adapter(spec)
 
     def each_backend(self, operation: str, call: Callable[[Any], Any], api: str | None = None,
-                     capability: str | None = None) -> dict[str, Any]:
-        """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``), or a
-        backend's :class:`~conformance.backends.contract.NotSupported`, becomes that backend's :class:`Unsupported`
-        result; any other propagates (a failure of the property)."""
+                     capability: str | None = None, also: tuple[str, ...] = ()) -> dict[str, Any]:
+        """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``; of
+        ``operation``, or of the ``also`` operations ``call`` makes too), or a backend's
+        :class:`~conformance.backends.contract.NotSupported`, becomes that backend's :class:`Unsupported` result; any
+        other propagates (a failure of the property)."""
         out: dict[str, Any] = {}
         for spec in self.specs(api, capability):
-            out[spec.name] = self.call(spec, operation, call)
+            out[spec.name] = self.call(spec, operation, call, also)
         return out
 
     def then_each_backend(self, first: dict[str, Any], operation: str, call: Callable[[Any, Any], Any]
@@ -101,17 +102,16 @@ class RankEnv:
                 spec, operation, lambda adapter, r=result: call(adapter, r))
         return out
 
-    def call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any]) -> Any:
+    def call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any], also: tuple[str, ...] = ()) -> Any:
         try:
             return call(get_adapter(spec))
         except NotSupported as exc:
             return Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
         except Exception as exc:
-            limit = None if self.example is None else known_limit(spec.api, operation, self.example)
-            if limit is None:
+            unsupported = limited(spec, (operation, *also), self.example, exc)
+            if unsupported is None:
                 raise
-            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
-                               f"{spec.class_name}.{operation} with {limit.condition}")
+            return unsupported
 
 
 #: The mutant the previous task of this process ran with (``[name]``; the initial ``[None]``: none planted).
@@ -143,3 +143,14 @@ def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any
             return fn(env)
 
     return task
+
+
+def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: Exception) -> Unsupported | None:
+    """``exc`` as ``spec``'s :class:`Unsupported` result where a known limit of one of ``operations`` covers
+    ``example`` (``backends.limits``), else ``None`` (a failure)."""
+    for operation in operations:
+        limit = None if example is None else known_limit(spec.api, operation, example)
+        if limit is not None:
+            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
+                               f"{spec.class_name}.{operation} with {limit.condition}")
+    return None

@@ -28,7 +28,9 @@ def low_latency_runs(env: RankEnv) -> dict[str, Any]:
         out["normal"] = adapter.combine(raw, expert_out)[0].cpu()
         return out
 
-    return env.each_backend("low_latency_dispatch", run, api="v1", capability="low_latency")
+    # the normal-mode round trip it is compared with has the normal mode's limits (a world size without a config)
+    return env.each_backend("low_latency_dispatch", run, api="v1", capability="low_latency",
+                            also=("dispatch", "combine"))
 
 
 @rank_task

@@ -26,9 +26,9 @@ from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
 from conformance.core.cases import SequenceCase, Step
 from conformance.core.example import Example, RankInputs, build_rank_inputs, second_payload, upstream_combined_grad
 from conformance.core.spec import BackendSpec
-from conformance.core.views import Raised
+from conformance.core.views import Raised, Unsupported
 from conformance.emulation.utils import event as emulated_event
-from conformance.tasks.env import RankEnv, rank_task
+from conformance.tasks.env import RankEnv, limited, rank_task
 from conformance.world.rank import cached, on_shutdown
 
 
@@ -52,6 +52,9 @@ class BackendState:
     handles: dict[int, Any] = field(default_factory=dict)  # dispatch step -> handle (of the live buffer)
     dead_handles: dict[int, Any] = field(default_factory=dict)  # dispatch step -> handle of a destroyed buffer
     results: dict[int, InFlight] = field(default_factory=dict)  # step -> its outputs (dispatch, cached, combine)
+    #: A step a known limit refused (``backends.limits``: V1 on a world size without a config): this and every
+    #: later step of the sequence are that backend's Unsupported result.
+    unsupported: Unsupported | None = None
 
 
 class SequenceState:
@@ -64,7 +67,7 @@ class SequenceState:
         """Complete outstanding work and destroy the sequence's buffers (start or end of a sequence)."""
         finish_all(device)
         for state in self.backends.values():
-            if state.buffer is not None:
+            if state.buffer is not None and state.unsupported is None:  # (V1's destroy refuses where dispatch did)
                 state.buffer.destroy()
         self.backends.clear()
 
@@ -257,7 +260,23 @@ def _run_step(env: RankEnv, sequence: SequenceState, case: SequenceCase, index: 
         sequence.reset(env.device)
         for spec in env.specs():
             sequence.backends[spec.name] = BackendState(spec, get_adapter(spec).module)
-    return {name: apply_step(env, state, case, index) for name, state in sequence.backends.items()}
+    return {name: _step_or_unsupported(env, state, case, index) for name, state in sequence.backends.items()}
+
+
+def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
+    """:func:`apply_step`, or the backend's Unsupported result from the step a known limit refused on."""
+    if state.unsupported is not None:
+        return state.unsupported
+    try:
+        return apply_step(env, state, case, index)
+    except Exception as exc:
+        step = case.steps[index]
+        examples = [step.example, case.steps[step.ref].example if step.ref >= 0 else None]
+        example = next((e for e in examples if e is not None), case.base_example())  # the step's, its dispatch's
+        state.unsupported = limited(state.spec, ("dispatch", "combine", "destroy"), example, exc)
+        if state.unsupported is None:
+            raise
+        return state.unsupported
 
 
 @rank_task
