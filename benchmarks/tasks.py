@@ -7,7 +7,7 @@ from typing import Any
 
 #: How many times each ``torch.distributed`` collective ran on this rank since :func:`count_collectives` began.
 _COUNTS: Counter[str] = Counter()
-_ORIGINALS: dict[str, Any] = {}
+_COUNTING: list[bool] = []  # one entry once counting began (the wrappers stay for the process)
 
 
 def echo(case: Any, result: Any) -> Any:
@@ -20,28 +20,24 @@ def count_collectives(by_caller: bool = False) -> None:
     collective and the first caller outside ``torch`` and ``_comm`` (where a property's collectives come from)."""
     import sys
 
-    import torch.distributed as dist
+    from conformance.tasks.qp import wrap_collectives
 
-    from conformance.tasks.qp import COLLECTIVES
+    if _COUNTING:
+        return
+    _COUNTING.append(True)
 
-    for name in COLLECTIVES:
-        if name in _ORIGINALS or not hasattr(dist, name):
-            continue
-        original = _ORIGINALS[name] = getattr(dist, name)
+    def record(name: str) -> None:
+        key = name
+        if by_caller:
+            frame = sys._getframe(2)  # record <- the wrapper <- its caller
+            while frame is not None and ("/torch/" in frame.f_code.co_filename or
+                                         frame.f_code.co_filename.endswith(("_comm.py", "_exchange.py"))):
+                frame = frame.f_back
+            if frame is not None:
+                key = f"{name} <- {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+        _COUNTS[key] += 1
 
-        def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
-            key = _name
-            if by_caller:
-                frame = sys._getframe(1)
-                while frame is not None and ("/torch/" in frame.f_code.co_filename or
-                                             frame.f_code.co_filename.endswith(("_comm.py", "_exchange.py"))):
-                    frame = frame.f_back
-                if frame is not None:
-                    key = f"{_name} <- {frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
-            _COUNTS[key] += 1
-            return _original(*args, **kwargs)
-
-        setattr(dist, name, counted)
+    wrap_collectives(record)
 
 
 def take_collective_counts() -> dict[str, int]:

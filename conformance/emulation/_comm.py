@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -68,46 +69,46 @@ def _pack(fields: Fields, whole: Fields, device: torch.device) -> tuple[torch.Te
     return payload, sizes
 
 
-def _unpack(payload: torch.Tensor, num_rows: int, fields: Fields, whole: Fields, whole_sizes: Sequence[int],
-            device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One rank's payload split again: its rows of every field (trailing shape and dtype as this rank's own) and
-    its whole tensors (flat, this rank's dtype)."""
-    out_rows: dict[str, torch.Tensor] = {}
-    present = {name: t for name, t in fields.items() if t is not None}
-    widths = [math.prod(t.shape[1:]) * t.element_size() for t in present.values()]
-    row_bytes = sum(widths)
+def _layout(fields: Fields) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    """``(name, dtype, trailing shape, bytes per row)`` of every field present, in payload order (every rank's rows
+    arrive with this rank's dtypes and trailing shapes)."""
+    return [(name, t.dtype, tuple(t.shape[1:]), math.prod(t.shape[1:]) * t.element_size())
+            for name, t in fields.items() if t is not None]
+
+
+def _unpack(payload: torch.Tensor, num_rows: int, layout: list[tuple[str, torch.dtype, tuple[int, ...], int]],
+            whole: Fields, whole_sizes: Sequence[int], device: torch.device
+            ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """One rank's payload split again: its rows of every field and its whole tensors (flat, this rank's dtype)."""
+    row_bytes = sum(width for *_, width in layout)
     block = payload[: num_rows * row_bytes].reshape(num_rows, row_bytes)
+    out_rows: dict[str, torch.Tensor] = {}
     offset = 0
-    for (name, t), width in zip(present.items(), widths, strict=True):
-        shape = (num_rows, *t.shape[1:])
-        if width:
-            piece = block[:, offset:offset + width].clone(memory_format=torch.contiguous_format)
-            out_rows[name] = piece.view(t.dtype).reshape(shape)
-        else:
-            out_rows[name] = torch.empty(shape, dtype=t.dtype, device=device)
+    for name, dtype, trailing, width in layout:
+        shape = (num_rows, *trailing)
+        out_rows[name] = (block[:, offset:offset + width].clone(memory_format=torch.contiguous_format)
+                          .view(dtype).reshape(shape) if width else torch.empty(shape, dtype=dtype, device=device))
         offset += width
     out_whole: dict[str, torch.Tensor] = {}
     cursor = num_rows * row_bytes
     for (name, t), size in zip(whole.items(), whole_sizes, strict=True):
-        piece = payload[cursor:cursor + size].clone()
-        cursor += size
         dtype = t.dtype if t is not None else torch.uint8
-        out_whole[name] = piece.view(dtype) if size else torch.empty(0, dtype=dtype, device=device)
+        out_whole[name] = payload[cursor:cursor + size].clone().view(dtype) if size else \
+            torch.empty(0, dtype=dtype, device=device)
+        cursor += size
     return out_rows, out_whole
 
 
+@dataclass
 class Exchanged:
     """What :func:`exchange` brought: per rank its ``[num_rows, *extra]`` (``table``), its rows of every field
-    (``fields[name][rank]``) and its whole tensors (``whole[name][rank]``, flat)."""
+    (``fields[name][rank]``) and its whole tensors (``whole[name][rank]``, flat); ``names``: every field asked for,
+    ``None`` ones included."""
 
-    def __init__(self, table: list[list[int]], fields: dict[str, list[torch.Tensor]],
-                 whole: dict[str, list[torch.Tensor]], names: list[str]) -> None:
-        self.table, self.fields, self.whole = table, fields, whole
-        self.names = names  # every field asked for, ``None`` ones included
-
-    @property
-    def counts(self) -> list[int]:
-        return [row[0] for row in self.table]
+    table: list[list[int]]
+    fields: dict[str, list[torch.Tensor]]
+    whole: dict[str, list[torch.Tensor]]
+    names: list[str]
 
 
 def exchange(
@@ -139,8 +140,7 @@ def exchange(
                           dtype=torch.int64).view(torch.uint8)
     local = torch.zeros(header.numel() + EAGER_BYTES, dtype=torch.uint8, device=device)
     local[: header.numel()] = header.to(device)
-    eager = payload.numel() <= EAGER_BYTES
-    if eager and payload.numel():
+    if 0 < payload.numel() <= EAGER_BYTES:
         local[header.numel(): header.numel() + payload.numel()] = payload
     gathered = [torch.empty_like(local) for _ in range(group.size())]
     all_gather(gathered, local, group)
@@ -165,10 +165,11 @@ def exchange(
     else:
         payloads = [g[header.numel():] for g in gathered]
     n_extra = len(extra)
-    out_fields: dict[str, list[torch.Tensor]] = {name: [] for name, t in present.items() if t is not None}
+    layout = _layout(present)
+    out_fields: dict[str, list[torch.Tensor]] = {name: [] for name, *_ in layout}
     out_whole: dict[str, list[torch.Tensor]] = {name: [] for name in whole}
     for row, data in zip(table, payloads, strict=True):
-        rows, wholes = _unpack(data, row[0], present, whole, row[_HEADER + n_extra:], device)
+        rows, wholes = _unpack(data, row[0], layout, whole, row[_HEADER + n_extra:], device)
         for name, value in rows.items():
             out_fields[name].append(value)
         for name, value in wholes.items():

@@ -20,7 +20,7 @@ class Received:
     src_rank: torch.Tensor  # [n] int64
     src_token: torch.Tensor  # [n] int64
     fields: dict[str, torch.Tensor | None]
-    gathered: dict[str, list[torch.Tensor]]  # every rank's full input, per field
+    gathered: dict[str, list[torch.Tensor]]  # every rank's full input, per field (and per whole tensor, flat)
 
 
 def gather_selected(

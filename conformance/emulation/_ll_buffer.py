@@ -157,7 +157,13 @@ def exchange_with_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, devic
     """The call's preflight and rows (``_comm.exchange``), which also carry every rank's mask as it sends: ``(what
     arrived, masks)``, ``masks[s][d]``: rank ``s`` does not send to ``d``."""
     exchanged = _comm.exchange(group, device, num_rows, error, what, fields, [int(m) for m in state.masked()])
-    return exchanged, [[bool(v) for v in row[1:]] for row in exchanged.table]
+    return exchanged, masks_of(exchanged.table)
+
+
+def masks_of(table: list[list[int]]) -> list[list[bool]]:
+    """Every rank's mask from an exchange's ``[num_rows, *mask]`` rows (``masks[s][d]``: ``s`` does not send to
+    ``d``)."""
+    return [[bool(v) for v in row[1:]] for row in table]
 
 
 def gather_masks(group: dist.ProcessGroup, state: LowLatencyBuffer, device: torch.device) -> list[list[bool]]:

@@ -337,17 +337,14 @@ class LowLatencyMixin:
             error = _qp_error(self.num_qps_per_rank, num_local)
         # the send phase: the cast at the source, one message per (token, slot) with an expert, then per (expert,
         # destination) the count word -count - 1 (into this call's signalling buffer; the other one is zeroed)
-        cast: dict[str, torch.Tensor | None] = {}
-
         def send_fields() -> dict[str, torch.Tensor | None]:  # only where this rank's arguments passed the checks
-            cast["x"], cast["scales"] = fp8_cast(x, round_scale) if use_fp8 else (x, None)
-            return {"x": cast["x"], "scales": cast["scales"], "topk_idx": topk_idx}
+            payload, scales = fp8_cast(x, round_scale) if use_fp8 else (x, None)
+            return {"x": payload, "scales": scales, "topk_idx": topk_idx}
 
         exchanged, masks = exchange_with_masks(self.group, state, x.device, x.shape[0], error,
                                                "Buffer.low_latency_dispatch", send_fields)
-        payload, scales = cast["x"], cast["scales"]
-        assert payload is not None
         received = exchanged.fields
+        payload_dtype = received["x"][me].dtype  # the cast's (this rank's own rows came back too)
         lay = layout(t_max, hidden, num_experts)
         sent = [not row[me] for row in masks]  # did source s send to me
         orders = [[_slot_order(received["topk_idx"][s], me * num_local + e) for s in range(num_ranks)]
@@ -362,7 +359,7 @@ class LowLatencyMixin:
         device = x.device
         rows_per_expert = num_ranks * t_max
         num_scales = hidden // CHANNELS_PER_SCALE
-        shapes = [((num_local, rows_per_expert, hidden), payload.dtype),
+        shapes = [((num_local, rows_per_expert, hidden), payload_dtype),
                   ((num_local, rows_per_expert, num_scales // UE8M0_PER_PACK if use_ue8m0 else num_scales),
                    torch.int32 if use_ue8m0 else torch.float32),
                   ((num_local,), torch.int32), ((num_local, rows_per_expert), torch.int32),
@@ -376,7 +373,7 @@ class LowLatencyMixin:
         def receive() -> None:
             """The receive phase: per (local expert, source) the block the count word announces, the statistics."""
             masked = state.masked()  # read by every receiving warp group before any of them times out
-            recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload.dtype, device=device)
+            recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload_dtype, device=device)
             recv_scales = torch.zeros((num_local, rows_per_expert, num_scales), dtype=torch.float32, device=device)
             src_info = torch.zeros((num_local, rows_per_expert), dtype=torch.int32, device=device)
             layout_range = torch.zeros((num_local, num_ranks), dtype=torch.int64, device=device)
@@ -397,13 +394,13 @@ class LowLatencyMixin:
                         timed_out.add(s)
                     lo, hi = max(begin, 0), min(begin + count, rows_per_expert)  # rows inside the tensor only
                     if hi > lo and rows is None:  # the stale rows a dirty count points at
-                        recv_x[e, lo:hi] = torch.full((), _POISON[payload.dtype], dtype=payload.dtype)
+                        recv_x[e, lo:hi] = torch.full((), _POISON[payload_dtype], dtype=payload_dtype)
                         recv_scales[e, lo:hi] = float("nan")
                         src_info[e, lo:hi] = -1
                     elif hi > lo:
                         order = rows[lo - begin:hi - begin]
                         recv_x[e, lo:hi] = received["x"][s][order]
-                        if scales is not None:
+                        if use_fp8:
                             recv_scales[e, lo:hi] = received["scales"][s][order]
                         src_info[e, lo:hi] = order.to(torch.int32)
                     layout_range[e, s] = (begin << 32) | (count & 0xFFFFFFFF)
@@ -501,7 +498,7 @@ class LowLatencyMixin:
         dst, fields = send_phase() if error is None else (empty, {})
         parts, table = _exchange.return_to_sources(self.group, device, dst, fields, error,
                                                    "Buffer.low_latency_combine", [int(m) for m in mine])
-        masks = [[bool(v) for v in row[1:]] for row in table]
+        masks = _ll_buffer.masks_of(table)
         got_x = torch.cat([p["x"] for p in parts]).to(torch.float32)  # exact: bf16 and LogFMT-decoded rows alike
         key = torch.cat([p["token"] for p in parts]) * max(num_experts, 1) + torch.cat([p["expert"] for p in parts])
         flags = state.words(lay, index)

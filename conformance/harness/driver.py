@@ -107,7 +107,8 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
     started = time.monotonic()
     drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
                        database=database, report_multiple_bugs=False)
-    body = drawing(given(case=prop.strategy(config.shape))(check_one))
+    strategy = prop.strategy(config.shape)
+    body = drawing(given(case=strategy)(check_one))
 
     for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
         body = example(case=case)(body)
@@ -126,7 +127,7 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         body()
         if prop.stateful is None:
             for round_seed in _more_rounds(config, started):
-                more = seed(round_seed)(given(case=prop.strategy(config.shape))(check_one))
+                more = seed(round_seed)(given(case=strategy)(check_one))
                 more._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
                     drawing, database=database, phases=(Phase.generate, Phase.shrink))  # new draws only
                 more()

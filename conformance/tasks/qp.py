@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,21 +26,31 @@ COLLECTIVES = ("all_gather", "all_gather_into_tensor", "all_reduce", "all_to_all
                "broadcast", "barrier", "all_gather_object", "send", "recv", "isend", "irecv")
 
 
+def wrap_collectives(record: Callable[[str], None]) -> Callable[[], None]:
+    """From now on every ``torch.distributed`` collective of :data:`COLLECTIVES` calls ``record(name)`` first;
+    returns the function that puts the previous ones back."""
+    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+    for name, original in originals.items():
+        def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
+            record(_name)
+            return _original(*args, **kwargs)
+        setattr(dist, name, counted)
+
+    def restore() -> None:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    return restore
+
+
 @contextlib.contextmanager
 def count_collectives() -> Iterator[list[str]]:
     """Record the names of ``torch.distributed`` collectives called inside the block."""
     calls: list[str] = []
-    originals = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
-    for name, original in originals.items():
-        def counted(*args: Any, _name: str = name, _original: Any = original, **kwargs: Any) -> Any:
-            calls.append(_name)
-            return _original(*args, **kwargs)
-        setattr(dist, name, counted)
+    restore = wrap_collectives(calls.append)
     try:
         yield calls
     finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
+        restore()
 
 
 def _direct_buffer(spec: BackendSpec) -> Any:
