@@ -157,11 +157,20 @@ def for_each_backend(
     per_rank: list[dict[str, Any]],
     check: Callable[[int, str, Any], Any],
     pairwise: Callable[[int, tuple[str, Any], tuple[str, Any]], None] | None = None,
+    *,
+    backend_major: bool = False,
 ) -> None:
     """For every rank and backend: ``check(rank, backend, result)`` (an :class:`Unsupported` result is recorded,
-    not checked); then ``pairwise(rank, (first, a), (other, b))`` for each consecutive pair of checked backends,
+    not checked); then ``pairwise(rank, (first, a), (other, b))`` for each compared pair of checked backends (the
+    context's ``pairs(names)``, ``conformance.core.spec.compared_pairs``; consecutive ones for a context without it),
     with what ``check`` returned (the result itself when it returned ``None``)."""
     __tracebackhide__ = True
+    if backend_major:
+        _each_backend_whole(recorder, case, per_rank, check)
+        if pairwise is not None:
+            raise TypeError("for_each_backend(backend_major=True) compares no pairs")
+        return
+    pairing = getattr(recorder, "pairs", None) or consecutive_pairs
     for rank, per_backend in enumerate(per_rank):
         seen: list[tuple[str, Any]] = []
         for backend, result in per_backend.items():
@@ -172,10 +181,42 @@ def for_each_backend(
             value = check(rank, backend, result)
             seen.append((backend, result if value is None else value))
         if pairwise is not None:
-            for first, other in zip(seen, seen[1:], strict=False):
-                recorder.checking((first[0], other[0]))
-                pairwise(rank, first, other)
+            results = dict(seen)
+            for first, other in pairing([name for name, _ in seen]):
+                recorder.checking((first, other))
+                pairwise(rank, (first, results[first]), (other, results[other]))
     recorder.checking(None)
+
+
+def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[dict[str, Any]],
+                        check: Callable[[int, str, Any], Any]) -> None:
+    """Every rank of one backend, then the next, each backend to its end: one that held is counted as held (the
+    context's ``complete``) even when another fails; the first failure is raised once every backend was checked."""
+    __tracebackhide__ = True
+    complete = getattr(recorder, "complete", None)
+    first: tuple[str, AssertionError] | None = None
+    for backend in (per_rank[0] if per_rank else {}):
+        try:
+            for rank, per_backend in enumerate(per_rank):
+                result = per_backend[backend]
+                if isinstance(result, Unsupported):
+                    recorder.record_unsupported(result, case)
+                    continue
+                recorder.checking((backend,))
+                check(rank, backend, result)
+        except AssertionError as failure:
+            first = first or (backend, failure)
+            continue
+        if complete is not None and not any(isinstance(r[backend], Unsupported) for r in per_rank):
+            complete((backend,))
+    recorder.checking((first[0],) if first else None)
+    if first is not None:
+        raise first[1]
+
+
+def consecutive_pairs(names: Sequence[str]) -> list[tuple[str, str]]:
+    """Each backend with the one before it (the pairs of a context that does not choose them)."""
+    return list(zip(names, names[1:], strict=False))
 
 
 def by_backend(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:

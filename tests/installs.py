@@ -47,3 +47,31 @@ def target_install(requirement: str, name: str, *, no_deps: bool = True) -> Path
         shutil.rmtree(where)
     staging.rename(where)
     return where
+
+
+def patched_install(requirement: str, name: str, patch_file: Path) -> Path:
+    """:func:`target_install` of ``requirement``, copied into the cache folder ``name`` with ``patch_file`` applied
+    (``patch -p1`` from the copy's root, once; the copy is remade when the patch changes).  Skips the calling test
+    when ``patch`` is not installed or the patch does not apply."""
+    import hashlib
+
+    base = target_install(requirement, name.split("+", 1)[0])
+    digest = hashlib.sha256(patch_file.read_bytes()).hexdigest()[:12]
+    where = cache_dir() / f"{name}-{digest}-py{sys.version_info.major}{sys.version_info.minor}"
+    if (where / ".complete").exists():
+        return where
+    if shutil.which("patch") is None:
+        pytest.skip(f"applying {patch_file.name} needs the 'patch' program, which is not installed here")
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=where.parent))
+    shutil.rmtree(staging)
+    shutil.copytree(base, staging, ignore=shutil.ignore_patterns(".complete"))
+    proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch_file)], cwd=staging,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        pytest.fail(f"{patch_file} does not apply to {requirement}: {proc.stdout.strip()} {proc.stderr.strip()}")
+    (staging / ".complete").write_text(f"{requirement} + {patch_file} ({digest})\n")
+    if where.exists():
+        shutil.rmtree(where)
+    staging.rename(where)
+    return where

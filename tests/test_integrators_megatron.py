@@ -28,7 +28,7 @@ NAME = "megatron-fused-a2a-shimmed"
 TARGET = "conformance.integrations.megatron:MegatronFusedA2AShimmed"
 #: The plug-in's expected verdict per property (P4 and P9 may also report the documented V1/V2 divergences).
 CHECKED = ("P1-per-expert-payloads", "P2-counts", "P3-recv-topk-idx", "P4-weights", "P5-combine", "P6-round-trip",
-           "P7-cached-dispatch", "P9-gradients", "P10-events", "P13-determinism")
+           "P7-cached-dispatch", "P9-gradients", "P10-events", "P13-determinism", "P25-clean-exit")
 UNSUPPORTED = {"P8-expand-layout": "v2 (ElasticBuffer) contract", "P11-qp-cap": "v2 (ElasticBuffer) contract",
                "P12-bad-input": "'bad_input'", "P14-api-surface": "'api_surface'",
                "P15-ll-dispatch": "'low_latency'", "P16-ll-round-trip": "'low_latency'",

@@ -101,7 +101,7 @@ def test_the_matrix_says_the_verdict_the_counts_and_the_exclusion_beside_it() ->
     assert "| P5-combine | passed | passed 25/25 | passed 20/20 +5x" in table and "**FAILED** 3/4" in table
     assert "## DeepEP conformance" in step_summary(document) and "| property | status |" in step_summary(document)
     lines = [text for text, _ in summary_lines(document)]
-    assert lines[0].split()[:5] == ["property", "status", "emulated-v1", "emulated-v2", "v1~v2"]
+    assert lines[0].split()[:5] == ["property", "status", "emulated-v1", "emulated-v2", "emu1~emu2"]
     assert any(line.startswith("P5-combine") and "passed 20/20 +5x" in line for line in lines)
     assert any(line.startswith("slowest: ") for line in lines)
 

@@ -105,6 +105,9 @@ class AdapterBase:
     """
 
     api = ""
+    #: Whether the buffers are built with ``explicitly_destroy=True`` and released by :meth:`destroy` (the suite's
+    #: way); ``False``: built as a user who never destroys them builds them, left to the garbage collector (P25).
+    explicitly_destroy = True
 
     def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
         self.spec = spec

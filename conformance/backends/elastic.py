@@ -55,7 +55,7 @@ class ElasticAdapter(AdapterBase):
             allow_multiple_reduction=allow_multiple_reduction,
             prefer_overlap_with_compute=prefer_overlap_with_compute,
             num_allocated_qps=0,
-            explicitly_destroy=True,
+            explicitly_destroy=self.explicitly_destroy,
         )
         return self._buffers[key]
 

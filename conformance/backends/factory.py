@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from types import ModuleType
 from typing import Any
 
 from conformance.backends.elastic import ElasticAdapter
@@ -17,10 +18,35 @@ ADAPTERS = {"v1": LegacyAdapter, "v2": ElasticAdapter}
 
 
 def library_module(spec: BackendSpec) -> str | None:
-    """The deep_ep-like module ``spec`` drives (a plug-in: ``deep_ep`` as resolved in this process, if it uses it)."""
-    if spec.plugin:
+    """The deep_ep-like module ``spec`` drives (a plug-in or a class backend: ``deep_ep`` as resolved in this
+    process, if it uses it)."""
+    if spec.plugin or spec.substitute:
         return "deep_ep" if spec.deep_ep else None
     return MODULES[spec.impl]
+
+
+def substitute_module(spec: BackendSpec) -> ModuleType:
+    """What a class backend's adapter drives: a module that is ``deep_ep`` as resolved in this process (the real
+    library or the emulation: ``EventOverlap``, ``Config``, ... come from there) with the class ``spec.target`` names
+    in place of ``Buffer`` (``v1=``) or ``ElasticBuffer`` (``v2=``)."""
+    from conformance.backends.plugins import load_factory
+
+    cls = load_factory(spec.target or "")
+    try:
+        base: Any = importlib.import_module("deep_ep")
+    except ImportError:
+        base = None
+    module = ModuleType(f"deep_ep[{spec.name}]", f"deep_ep with {spec.target} as {spec.class_name}")
+    setattr(module, spec.class_name, cls)
+
+    def delegate(name: str) -> Any:
+        if base is None:
+            raise AttributeError(f"{spec.name}: no deep_ep here to take {name} from")
+        return getattr(base, name)
+
+    module.__getattr__ = delegate  # type: ignore[method-assign]  # PEP 562: the rest of deep_ep
+    module.__version__ = getattr(base, "__version__", None)
+    return module
 
 
 def trace_library(spec: BackendSpec) -> None:
@@ -28,7 +54,7 @@ def trace_library(spec: BackendSpec) -> None:
     module = library_module(spec)
     if module is None:
         return
-    if spec.plugin and module not in sys.modules:
+    if (spec.plugin or spec.substitute) and module not in sys.modules:
         try:
             importlib.import_module(module)
         except ImportError:
@@ -43,8 +69,12 @@ def get_adapter(spec: BackendSpec) -> Any:
         ctx = context()
         if spec.plugin:
             return _build_plugin(spec, ctx)
-        module = importlib.import_module(MODULES[spec.impl])
-        trace_classes(module, spec.impl)
+        if spec.substitute:
+            module = substitute_module(spec)
+            trace_classes(module, "class")
+        else:
+            module = importlib.import_module(MODULES[spec.impl])
+            trace_classes(module, spec.impl)
         adapter = ADAPTERS[spec.api](spec, module, ctx.group, ctx.num_nodes)
         on_shutdown(adapter.destroy)
         return adapter
@@ -70,7 +100,7 @@ def seen_deep_ep(spec: BackendSpec) -> dict[str, Any]:
     """Which deep_ep ``spec``'s backend drives in this process: ``kind``, ``version``, ``file`` (the report's)."""
     from conformance.backends.alias import describe
 
-    if spec.plugin:
+    if spec.plugin or spec.substitute:
         if not spec.deep_ep:
             return {"kind": None, "version": None, "file": None}
         return describe()

@@ -36,7 +36,7 @@ class LegacyAdapter(AdapterBase):
                 self.group,
                 num_nvl_bytes=NUM_NVL_BYTES,
                 num_rdma_bytes=NUM_RDMA_BYTES if self.num_nodes > 1 else 0,
-                explicitly_destroy=True,
+                explicitly_destroy=self.explicitly_destroy,
             )
         return self._buffer
 

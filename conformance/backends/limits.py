@@ -8,6 +8,7 @@ recordings of the real library (fixtures/deepep-real/README.md); the emulation m
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,12 @@ class Limit:
     applies: Callable[[Example], bool]
     reason: str
     condition: str  # ``applies`` in words, for reports: the configurations excluded
+    #: A regular expression the exception's ``Type: message`` must contain: only the library's own refusal is excused
+    message: str = ""
+
+    def refused(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this limit's refusal (its message matches)."""
+        return not self.message or re.search(self.message, f"{type(exc).__name__}: {exc}") is not None
 
 
 #: World sizes the legacy Buffer's default dispatch/combine configs cover (deep_ep/buffers/legacy.py).
@@ -36,6 +43,7 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
         condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
         reason="Buffer's default configs cover only 2, 4, 8, 16, ... 160 ranks ('Unsupported number of EP ranks: N', "
                "deep_ep/buffers/legacy.py:259)",
+        message="Unsupported number of EP ranks",
     ) for operation in ("dispatch", "combine")),
     Limit(
         api="v1",
@@ -44,6 +52,7 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
         condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
         reason="Buffer.destroy's intranode barrier supports 2, 4 or 8 ranks per node ('Unsupported ranks', "
                "csrc/kernels/legacy/intranode.cu:21); on those world sizes dispatch and combine are refused first",
+        message="Unsupported (number of EP )?ranks",
     ),
     Limit(
         api="v2",
@@ -51,6 +60,7 @@ KNOWN_LIMITS: tuple[Limit, ...] = (
         applies=lambda example: example.hidden == 128,
         condition="hidden == 128",
         reason="ElasticBuffer.combine's JIT build rejects hidden=128 ('Invalid hidden'), seen on DeepEP 2.1.0",
+        message="NVCC compilation failed|Invalid hidden",
     ),
 )
 

@@ -10,7 +10,11 @@ its declaration as attributes (:class:`BackendFactory`):
   ``ElasticBuffer``-shaped); it decides which properties apply, and how, e.g. V1 weights at -1 slots;
 - ``capabilities``: the names of :data:`conformance.core.spec.CAPABILITIES` it supports;
 - ``description`` (optional): one line for the report; ``uses_deep_ep`` (optional, default true): whether it
-  imports ``deep_ep`` (the report then says which deep_ep it saw, the real one or the emulation).
+  imports ``deep_ep`` (the report then says which deep_ep it saw, the real one or the emulation);
+- ``family`` (optional, default the backend's name): the wrapper it is one path of: the report compares the V1 and
+  V2 members of a family with each other;
+- ``unavailable()`` (optional): a reason this plug-in cannot run here (read by the controller's probe: the run stops
+  with that one line), or ``None``.
 
 A subclass of :class:`PluginBackend` is such a factory (class attributes, constructor taking the env); a
 function can get the attributes from :func:`declare`.  The controller imports the module once in a fresh
@@ -70,7 +74,8 @@ class BackendFactory(Protocol):
     def __call__(self, env: PluginEnv) -> Backend: ...
 
 
-def declare(*, api: str, capabilities: Collection[str], description: str = "", uses_deep_ep: bool = True) -> Any:
+def declare(*, api: str, capabilities: Collection[str], description: str = "", uses_deep_ep: bool = True,
+            family: str = "") -> Any:
     """Decorator giving a factory function its declaration (see the module docstring)."""
 
     def mark(factory: Any) -> Any:
@@ -78,6 +83,7 @@ def declare(*, api: str, capabilities: Collection[str], description: str = "", u
         factory.capabilities = frozenset(capabilities)
         factory.description = description
         factory.uses_deep_ep = uses_deep_ep
+        factory.family = family
         return factory
 
     return mark
@@ -115,10 +121,20 @@ class PluginBackend:
     capabilities: Collection[str] = frozenset({"combine"})
     description: str = ""
     uses_deep_ep: bool = True
+    #: Plug-ins of one family are one wrapper's paths (``megatron-fused-a2a-v1`` / ``-v2``): the report compares a
+    #: family's V1 and V2 members with each other ("what changes for the wrapper's users").  Default: the name.
+    family: str = ""
 
     def __init__(self, env: PluginEnv) -> None:
         self.env = env
         self.spec: BackendSpec = BackendSpec("plugin", self.api, target=env.name)
+
+    @staticmethod
+    def unavailable() -> str | None:
+        """Why this plug-in cannot run here, found by the controller's probe before any rank starts (the run stops
+        with that one line), or ``None``.  Override for a precondition a declaration cannot express (a wrapper whose
+        installed version lacks the path this backend drives)."""
+        return None
 
     # ------------------------------------------------------------------ what a plug-in implements
     def dispatch_tokens(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
@@ -147,8 +163,13 @@ class PluginBackend:
         """Differentiable combine (capability ``autograd``)."""
         raise NotImplementedError
 
+    def teardown(self) -> None:
+        """The wrapper's own end of a run, as its users call it before ``destroy_process_group()`` (P25 checks that
+        the processes then exit cleanly).  Default: nothing, i.e. the wrapper offers no teardown."""
+
     def destroy(self) -> None:
-        """Release what the plug-in holds (called before the process group goes away)."""
+        """The suite's clean-up of its persistent rank world (called before the process group goes away): release
+        what the plug-in holds, even where the wrapper offers its users no way to."""
 
     # ------------------------------------------------------------------ the suite's side (Backend protocol)
     def _require(self, capability: str, what: str) -> None:
@@ -234,16 +255,37 @@ class PluginBackend:
         against it and lists the example's alignment as not checked)."""
         return example.expert_alignment if "expert_alignment" in self.capabilities else 1
 
+    def identity_width(self, example: Example) -> int:
+        """The row width of the identity rows the suite sends through :meth:`cached_dispatch_tokens` to find where
+        received rows came from: one the wrapper's API takes for every call a cached dispatch may make (a wrapper
+        such as Megatron's runs a combine first).  V1: the example's hidden; V2: the smallest multiple of 256 at
+        least as wide (ElasticBuffer's combine JIT asserts ``hidden % 256 == 0``).  Override for other limits."""
+        if self.api == "v2":
+            return max(256, -(-example.hidden // 256) * 256)
+        return max(example.hidden, 3)
+
+    def sources(self, dispatched: Dispatched, example: Example, rank: int, x: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(src_rank, src_token)`` of every received row: what the wrapper said (``Dispatched.src_rank`` /
+        ``src_token``), else what a V2 handle says (``EPHandle.recv_src_metadata``: column 0 is
+        ``src_rank * num_max_tokens_per_rank + src_token``), else a cached dispatch of identity rows at
+        :meth:`identity_width` (capability ``cached_dispatch``)."""
+        if dispatched.src_rank is not None and dispatched.src_token is not None:
+            return dispatched.src_rank, dispatched.src_token
+        handle = dispatched.handle
+        metadata, stride = getattr(handle, "recv_src_metadata", None), getattr(handle, "num_max_tokens_per_rank", None)
+        if self.api == "v2" and isinstance(metadata, torch.Tensor) and stride:
+            source = metadata[: dispatched.recv_x.shape[0], 0].to(torch.int64).cpu()
+            return source // int(stride), source % int(stride)
+        if "cached_dispatch" in self.capabilities:
+            ident = identity_payload(x.shape[0], self.identity_width(example), rank, x)
+            return decode_identity(self.cached_dispatch_tokens(dispatched, ident).detach().cpu())
+        raise TypeError(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
+                        f"'cached_dispatch' so that the suite can find where each received row came from")
+
     def _view(self, dispatched: Dispatched, example: Example, rank: int, options: DispatchOptions,
               x: torch.Tensor) -> DispatchView:
-        if dispatched.src_rank is not None and dispatched.src_token is not None:
-            src_rank, src_token = dispatched.src_rank, dispatched.src_token
-        elif "cached_dispatch" in self.capabilities:
-            ident = identity_payload(x.shape[0], x.shape[1], rank, x)
-            src_rank, src_token = decode_identity(self.cached_dispatch_tokens(dispatched, ident).detach().cpu())
-        else:
-            raise TypeError(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
-                            f"'cached_dispatch' so that the suite can find where each received row came from")
+        src_rank, src_token = self.sources(dispatched, example, rank, x)
         return DispatchView(
             backend=self.spec.name,
             api=self.api,
@@ -356,8 +398,13 @@ def declaration_of(factory: Any, target: str) -> dict[str, Any]:
                         f"{', '.join(PLUGIN_CAPABILITIES)}"
                         + (f" ({', '.join(builtin)}: only the built-in adapters, whose checks drive the library's "
                            f"buffer directly)" if builtin else ""))
+    unavailable = getattr(factory, "unavailable", None)
+    reason = unavailable() if callable(unavailable) else None
+    if reason:
+        raise RuntimeError(reason)
     return {"api": api, "capabilities": sorted(capabilities), "description": getattr(factory, "description", "") or "",
-            "uses_deep_ep": bool(getattr(factory, "uses_deep_ep", True)), "source": source_of(target)}
+            "uses_deep_ep": bool(getattr(factory, "uses_deep_ep", True)), "source": source_of(target),
+            "family": str(getattr(factory, "family", "") or "")}
 
 
 def build(spec: BackendSpec, env: PluginEnv) -> Backend:
@@ -389,11 +436,46 @@ def probe(target: str, deep_ep: str | None = None) -> dict[str, Any]:
         return {"target": target, "importable": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: float = 180.0) -> dict[str, Any]:
-    """:func:`probe` in a fresh interpreter (an import that crashes or hangs cannot take the caller with it)."""
+#: The methods a class backend's class must have, per API (what the built-in adapters call on every property).
+CLASS_METHODS = {"v1": ("get_dispatch_layout", "dispatch", "combine", "destroy"),
+                 "v2": ("dispatch", "combine", "destroy", "get_buffer_size_hint")}
+
+
+def probe_class(target: str, api: str, deep_ep: str | None = None) -> dict[str, Any]:
+    """Import a class backend's class (``v1=`` / ``v2=`` ``target``) with deep_ep resolved as on the ranks and check
+    it has the API's methods: ``{"importable": True, "library": bool, "description", "uses_deep_ep"}`` (``library``:
+    it is the real library's own class), or ``{"importable": False, "error": ...}``."""
+    try:
+        if deep_ep:
+            from conformance.backends.alias import use
+
+            use(deep_ep)
+        cls = load_factory(target)
+        if not isinstance(cls, type):
+            raise TypeError(f"{target} is a {type(cls).__name__}, not a class with the {APIS[api]} API")
+        missing = [m for m in CLASS_METHODS[api] if not callable(getattr(cls, m, None))]
+        if missing:
+            raise TypeError(f"{target} lacks {', '.join(missing)} of the {APIS[api]} API")
+        real = sys.modules.get("deep_ep")
+        from conformance.backends.alias import is_emulation
+
+        library = real is not None and not is_emulation(real) and getattr(real, APIS[api], None) is cls
+        base = next((k for k in cls.__mro__[1:] if k.__name__ == APIS[api]), None)
+        return {"target": target, "importable": True, "library": library, "uses_deep_ep": "deep_ep" in sys.modules,
+                "description": f"{cls.__module__}.{cls.__qualname__} in place of deep_ep.{APIS[api]}"
+                               + (f" (a subclass of {base.__module__}.{base.__qualname__})" if base else "")}
+    except Exception as exc:
+        return {"target": target, "importable": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: float = 180.0,
+                        api: str | None = None) -> dict[str, Any]:
+    """:func:`probe` (or, with ``api``, :func:`probe_class`) in a fresh interpreter (an import that crashes or hangs
+    cannot take the caller with it)."""
     import subprocess
 
-    args = [sys.executable, "-m", "conformance.backends.plugins", target] + ([deep_ep] if deep_ep else [])
+    args = ([sys.executable, "-m", "conformance.backends.plugins"] + (["--class", api] if api else []) + [target]
+            + ([deep_ep] if deep_ep else []))
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -407,4 +489,7 @@ def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: floa
 
 
 if __name__ == "__main__":
-    print(json.dumps(probe(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))
+    if sys.argv[1] == "--class":
+        print(json.dumps(probe_class(sys.argv[3], sys.argv[2], sys.argv[4] if len(sys.argv) > 4 else None)))
+    else:
+        print(json.dumps(probe(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))

@@ -377,3 +377,23 @@ class CleanCase(ExampleCase):
 
     dirt_seed: int = 0
     hook: bool = False
+
+
+@dataclass(frozen=True)
+class ExitCase(ExampleCase):
+    """P25 (the end of a run): each backend's rank processes dispatch and combine the example on a fresh process
+    group, end as ``scenario`` says, destroy the group and exit.
+
+    ``teardown``: the backend's own end of a run (a plug-in's ``teardown()``: what the wrapper offers its users, if
+    anything; the built-in adapters' ``destroy()`` of buffers built with ``explicitly_destroy=True``).
+    ``garbage-collected`` (the built-in backends): a buffer built as a user who never destroys it builds it
+    (``explicitly_destroy=False``), kept in a module global and left to the garbage collector at exit."""
+
+    SCENARIOS: ClassVar[tuple[str, ...]] = ("teardown", "garbage-collected")
+    scenario: str = "teardown"
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the scenario is known."""
+        super().validate()
+        if self.scenario not in self.SCENARIOS:
+            raise ValueError(f"scenario={self.scenario!r} must be one of {self.SCENARIOS}")

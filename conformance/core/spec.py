@@ -10,13 +10,16 @@ the factory is imported again and called.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 APIS = {"v1": "Buffer", "v2": "ElasticBuffer"}
 IMPLS = ("emulated", "real")
 #: ``impl`` of a plug-in backend.
 PLUGIN = "plugin"
+#: ``impl`` of a class backend: ``--backends v1=pkg.mod:Class`` / ``v2=pkg.mod:Class``, a class with the ``Buffer`` /
+#: ``ElasticBuffer`` API driven by the built-in adapters in place of the library's (a V1-compat shim, a fork).
+CLASS = "class"
 #: The entry-point group an installed package registers its plug-in backends in.
 ENTRY_POINT_GROUP = "deepep_conformance.backends"
 
@@ -85,10 +88,15 @@ class BackendSpec:
     description: str = field(default="", compare=False)
     deep_ep: str | None = field(default=None, compare=False)
     source: str = field(default="", compare=False)  # plug-in: where the factory was found (module:attr)
+    family: str = field(default="", compare=False)  # plug-in: the wrapper it is one path of (default: its name)
+    library: bool = field(default=False, compare=False)  # class backend: the class is the real library's own
 
     @property
     def name(self) -> str:
-        """``impl-api`` (e.g. ``emulated-v2``), or a plug-in's target as given to ``--backends``."""
+        """``impl-api`` (e.g. ``emulated-v2``), a plug-in's target as given to ``--backends``, or a class backend's
+        ``api=target`` (``v2=pkg.mod:Class``)."""
+        if self.impl == CLASS:
+            return f"{self.api}={self.target}"
         return self.target if self.impl == PLUGIN and self.target else f"{self.impl}-{self.api}"
 
     @property
@@ -97,9 +105,15 @@ class BackendSpec:
         return self.impl == PLUGIN
 
     @property
+    def substitute(self) -> bool:
+        """Whether this is a class backend (``v1=pkg.mod:Class``: the built-in adapters over another class)."""
+        return self.impl == CLASS
+
+    @property
     def real(self) -> bool:
-        """Whether this backend runs on the real ``deep_ep`` (a plug-in: when the deep_ep it sees is real)."""
-        return self.impl == "real" or (self.plugin and self.deep_ep == "real")
+        """Whether this backend runs on the real ``deep_ep`` (a plug-in: when the deep_ep it sees is real; a class
+        backend: only when its class is the real library's own)."""
+        return self.impl == "real" or (self.plugin and self.deep_ep == "real") or (self.substitute and self.library)
 
     @property
     def class_name(self) -> str:
@@ -111,6 +125,8 @@ class BackendSpec:
         """What this backend supports (declared by a plug-in; every capability of its API for a built-in)."""
         if self.plugin:
             return self.declared or frozenset()
+        if self.substitute:  # P14 reads the deep_ep module's own surface, which a substituted class is not
+            return BUILTIN_CAPABILITIES[self.api] - {"api_surface"}
         return BUILTIN_CAPABILITIES[self.api]
 
     def has(self, capability: str) -> bool:
@@ -129,8 +145,9 @@ class BackendSpec:
             raise ValueError(
                 f"unknown backend {text!r}: expected one of "
                 + ", ".join(f"{i}-{a}" for i in IMPLS for a in APIS)
-                + " (or 'auto', 'emulated', 'real'), a plug-in 'package.module:factory', or the name of an "
-                f"installed plug-in (entry-point group {ENTRY_POINT_GROUP})"
+                + " (or 'auto', 'emulated', 'real'), a plug-in 'package.module:factory', the name of an "
+                f"installed plug-in (entry-point group {ENTRY_POINT_GROUP}), or a class backend "
+                "'v1=package.module:Class' / 'v2=package.module:Class'"
             )
         return cls(impl, api)
 
@@ -145,7 +162,8 @@ def resolve_plugin(spec: BackendSpec, declaration: Mapping[str, object], deep_ep
     uses = bool(declaration.get("uses_deep_ep", True))
     return replace(spec, api=str(declaration["api"]), declared=frozenset(declaration.get("capabilities") or ()),
                    description=str(declaration.get("description") or ""), deep_ep=deep_ep if uses else None,
-                   source=str(declaration.get("source") or spec.target))
+                   source=str(declaration.get("source") or spec.target),
+                   family=str(declaration.get("family") or spec.target))
 
 
 def installed_plugins() -> dict[str, str]:
@@ -186,6 +204,13 @@ def parse_backends(option: str, real_available: bool) -> list[BackendSpec]:
             if impl in IMPLS and api in APIS:
                 specs.append(BackendSpec(impl, api))
                 continue
+            api, equals, target = part.partition("=")
+            if equals:
+                if api not in APIS or ":" not in target:
+                    raise ValueError(f"--backends {part!r}: a class backend is v1=package.module:Class (a class with "
+                                     f"deep_ep.Buffer's API) or v2=package.module:Class (ElasticBuffer's)")
+                specs.append(BackendSpec(CLASS, api, target=target.strip()))
+                continue
             if installed is None:
                 installed = installed_plugins()
             if is_plugin_name(part, installed):
@@ -214,3 +239,57 @@ def _parse_error(part: str) -> ValueError:
 def wants_real(option: str) -> bool:
     """Whether ``--backends`` explicitly asks for a real built-in backend (``auto`` does not insist)."""
     return any(part.strip() == "real" or part.strip().startswith("real-") for part in option.split(","))
+
+
+def family_of(spec: BackendSpec) -> str:
+    """The wrapper ``spec`` is one path of: a plug-in's declared family (default its name); the built-in backends of
+    one implementation (``real``, ``emulated``) form one family each."""
+    if spec.plugin:
+        return spec.family or spec.name
+    return spec.name if spec.substitute else spec.impl
+
+
+def compared_pairs(names: Sequence[str], specs: Sequence[BackendSpec]) -> list[tuple[str, str]]:
+    """The pairs of ``names`` (backends with results, in the selection's order) a property compares with each other,
+    each ``(reference, other)``; only pairs that mean something:
+
+    1. the emulation's fidelity: a real backend and the emulated one of its API (``real-v1 vs emulated-v1``);
+    2. a wrapper (a plug-in) or a class backend and the raw backend of its API under it (the real one where it sees
+       the real deep_ep, else the emulated one): ``emulated-v2 vs megatron-fused-a2a-v2``;
+    3. the migration: the V1 and V2 members of one family (``real-v1 vs real-v2``; a wrapper's two paths); for the
+       built-in backends the real family where it has both APIs, else the emulated one;
+    4. a backend in no pair yet is compared with the one before it in the selection (so nothing goes unpaired).
+    """
+    by_name = {spec.name: spec for spec in specs}
+    present = [by_name[n] for n in names if n in by_name]
+    pairs: list[tuple[str, str]] = []
+
+    def add(first: BackendSpec | None, other: BackendSpec | None) -> None:
+        if first is None or other is None or first.name == other.name:
+            return
+        if (first.name, other.name) not in pairs and (other.name, first.name) not in pairs:
+            pairs.append((first.name, other.name))
+
+    builtin = {(s.impl, s.api): s for s in present if s.impl in IMPLS}
+    for spec in present:
+        if spec.impl == "real":
+            add(spec, builtin.get(("emulated", spec.api)))
+    for spec in present:
+        if spec.plugin or spec.substitute:
+            under = ("real" if spec.real else "emulated", spec.api)
+            add(builtin.get(under) or builtin.get(("emulated" if spec.real else "real", spec.api)), spec)
+    families: dict[str, dict[str, BackendSpec]] = {}
+    for spec in present:
+        families.setdefault(family_of(spec), {}).setdefault(spec.api, spec)
+    real_complete = len(families.get("real", {})) == 2
+    for family, members in families.items():
+        if family == "emulated" and real_complete:
+            continue
+        add(members.get("v1"), members.get("v2"))
+    paired = {name for pair in pairs for name in pair}
+    for first, name in zip(names, names[1:], strict=False):
+        if name not in paired or first not in paired:
+            if (first, name) not in pairs and (name, first) not in pairs:
+                pairs.append((first, name))
+            paired.update((first, name))
+    return pairs

@@ -6,7 +6,11 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import os
+import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -100,6 +104,52 @@ def _expanded_send_with_weights() -> RuntimeError:
     return RuntimeError("deep_ep emulation: combine of an expand-mode handle on a buffer with "
                         "allow_multiple_reduction=False takes no topk_weights (the real kernel traps: "
                         "EP_DEVICE_ASSERT(topk_weights == nullptr), combine.cuh:68)")
+
+
+#: ``~ElasticBuffer`` of a buffer collected after its process group was destroyed (csrc/elastic/buffer.hpp:146-153:
+#: ``destroy()`` -> ``barrier(true, true)`` on the freed communicator -> the ``cudaDeviceSynchronize`` at :203), thrown
+#: out of a destructor: the process terminates (the known defect ``v2-buffer-outlives-process-group``).
+COLLECTED_AFTER_GROUP = ("terminate called after throwing an instance of 'EPException'\n  what():  CUDA runtime "
+                         "exception (csrc/elastic/buffer.hpp:203): 700 (cudaErrorIllegalAddress, an illegal memory "
+                         "access was encountered)")
+#: The buffers built with ``explicitly_destroy=False`` that are still alive (their destructor runs ``destroy()``).
+_implicitly_destroyed: weakref.WeakSet = weakref.WeakSet()
+
+
+def _group_destroyed(group: object) -> bool:
+    """Whether ``group`` no longer exists (``destroy_process_group()`` ran)."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        return not dist.is_initialized() or group not in distributed_c10d._world.pg_map
+    except Exception:  # noqa: BLE001 - torch itself is being torn down: the group is gone
+        return True
+
+
+def _destructor(buffer: ElasticBuffer) -> None:
+    """What the real ``~ElasticBuffer`` does (buffer.hpp:146-153): without ``explicitly_destroy``, ``destroy()``; its
+    barrier on a destroyed group's communicator faults and the exception leaves the destructor: the process dies (the
+    emulation prints what the real one prints and aborts).  With ``explicitly_destroy`` and no ``destroy()``, the
+    library's warning.  (A barrier on a live group is not emulated: the emulation's buffers hold nothing to release.)"""
+    if getattr(buffer, "runtime", None) is None:
+        return
+    if not buffer.explicitly_destroy:
+        if _group_destroyed(buffer.group):
+            sys.stdout.flush()
+            sys.stderr.write(COLLECTED_AFTER_GROUP + "\n")
+            sys.stderr.flush()
+            os.abort()
+    else:
+        print("`destroy()` is not called before DeepEP elastic buffer destruction, which can leak resources.",
+              flush=True)
+    buffer.runtime = None
+
+
+@atexit.register
+def _collect_at_exit() -> None:
+    """The interpreter's exit collects what module globals still hold (a wrapper's ``_buffer``)."""
+    for buffer in list(_implicitly_destroyed):
+        _destructor(buffer)
 
 
 class EPHandle:
@@ -201,6 +251,8 @@ class ElasticBuffer:
         self.num_gpu_timeout_secs = num_gpu_timeout_secs
         self.explicitly_destroy = explicitly_destroy
         self.runtime: object | None = object()
+        if not explicitly_destroy:
+            _implicitly_destroyed.add(self)
         self._sm_cache: dict[tuple, int] = {}
         #: Emulation-only, documented in DIVERGENCES.md: the SM/QP counts of the last dispatch/combine launch.
         self.last_launch: dict[str, object] | None = None
@@ -212,6 +264,9 @@ class ElasticBuffer:
         dist.barrier(group=group)
 
     # ----------------------------------------------------------------------------------- lifecycle/info
+    def __del__(self) -> None:
+        _destructor(self)
+
     def destroy(self) -> None:
         """Release the buffer (requires ``explicitly_destroy=True``; a second call does nothing, as the real one)."""
         check(self.explicitly_destroy, "v2_destroy_not_explicit")

@@ -87,7 +87,8 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         try:
             session.check(property_id, case)
         except RankFailure as failure:
-            budget.charge(failure, case, time.monotonic() - started)
+            if not failure.in_step:  # a crash, a hang, or a raise that left the ranks out of step: a world restart
+                budget.charge(failure, case, time.monotonic() - started)
             raise
         finally:
             session.progress(property_id, recorder.examples)

@@ -160,6 +160,11 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
 
     out, notes = [], []
     for spec in specs:
+        if spec.substitute:
+            resolved, note = _resolve_class(spec, machine, deep_ep, real_deep_ep)
+            out.append(resolved)
+            notes.append(note)
+            continue
         if not spec.plugin:
             out.append(spec)
             continue
@@ -183,6 +188,26 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
                      + (f"; deep_ep = {'the real library' if kind == 'real' else 'conformance.emulation'}"
                         if resolved.deep_ep else "; does not use deep_ep"))
     return out, notes
+
+
+def _resolve_class(spec: Any, machine: Machine, deep_ep: str | None, real_deep_ep: dict[str, Any]) -> tuple[Any, str]:
+    """A class backend (``v2=pkg.mod:Class``) probed in a subprocess: importable, with the API's methods; ``real``
+    only when the class is the real library's own."""
+    key = spec.name
+    found = machine.plugins.get(key)
+    if found is None:
+        from conformance.backends.plugins import probe_in_subprocess
+
+        found = machine.plugins[key] = probe_in_subprocess(spec.target, deep_ep, api=spec.api)
+    if not found.get("importable"):
+        hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
+        raise SetupError(f"--backends {spec.name}: the class does not load: {found.get('error')}{hint}")
+    kind = deep_ep if deep_ep else ("real" if real_deep_ep.get("importable") else None)
+    resolved = replace(spec, deep_ep=kind if found.get("uses_deep_ep", True) else None,
+                       library=bool(found.get("library")), description=str(found.get("description") or ""))
+    return resolved, (f"class backend {resolved.name}: {resolved.description}, driven by the built-in "
+                      f"{resolved.api} adapter" + (" (the real library's own class)" if resolved.library else
+                                                   "; real: false"))
 
 
 def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:
@@ -227,7 +252,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             f"ranks (it asserts 'Unsupported number of EP ranks: 1'), and this world has {shape.size}; use "
             f"--ranks-per-node 2 (or --nodes 2)"
         )
-    plugins_named = bool(named) and any(spec.plugin for spec in named)
+    plugins_named = bool(named) and any(spec.plugin or spec.substitute for spec in named)
     if machine is None:
         machine = detect_machine(real_asked or deep_ep == "real")
         if (deep_ep or plugins_named) and machine.deep_ep.get("error", "").startswith("not probed"):
@@ -340,7 +365,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         deep_ep_probe=dict(machine.deep_ep),
         deep_ep=deep_ep,
         rank_setup=v["rank_setup"],
-        plugin_probes={spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
+        plugin_probes={**{spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
+                       **{spec.name: machine.plugins[spec.name] for spec in named if spec.substitute}},
         known_defects=known_defects,
         database_dir=os.path.join(os.path.abspath(v["report_dir"]), "hypothesis"),
         rdzv_endpoint=v["rdzv_endpoint"],

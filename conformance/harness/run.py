@@ -367,6 +367,8 @@ def _children() -> list[int]:
 
 def describe_kind(spec: Any) -> str:
     """``real`` / ``emulated``, or for a plug-in ``plug-in v1 on real deep_ep`` (what it wraps)."""
+    if spec.substitute:
+        return f"class backend, {spec.api} contract, {'the real library' if spec.real else 'real: false'}"
     if not spec.plugin:
         return "real" if spec.real else "emulated"
     on = {"real": "on the real deep_ep", "emulation": "on conformance.emulation", None: "without deep_ep"}

@@ -13,7 +13,7 @@ import torch
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
-from conformance.core.spec import CAPABILITIES
+from conformance.core.spec import CAPABILITIES, compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import FaultBudget, cause_of
@@ -191,7 +191,7 @@ class Session:
         recorder.last_example = case
         recorder.distinct.add(case.to_json())
         tally = recorder.tally
-        tally.start(settings.names)
+        tally.start(settings.names, self.pairs(settings.names))
         try:
             prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
@@ -218,7 +218,7 @@ class Session:
         """Who a failure is charged to: a rank failure to the backend whose library call it was in, a failed
         check to the backend or pair being checked (else every backend checked)."""
         if isinstance(failure, RankFailure):
-            backend = (failure.culprit_call() or "").partition("|")[0]
+            backend = failure.backend or (failure.culprit_call() or "").partition("|")[0]
             if backend in backends:
                 return (backend,)
         return self.recorder.tally.blame()
@@ -236,6 +236,15 @@ class Session:
                 self.on_progress(property_id, examples)
             except Exception:  # noqa: BLE001 - progress is best effort
                 pass
+
+    def complete(self, backends: tuple[str, ...]) -> None:
+        """The check of ``backends`` (one, or a pair) ended on this example and held: counted as held even when
+        another backend of the example then fails."""
+        self.recorder.tally.complete(self.recorder.tally._name(tuple(backends)))
+
+    def pairs(self, names: Any) -> list[tuple[str, str]]:
+        """The pairs of ``names`` (backends with results) a check compares (``core.spec.compared_pairs``)."""
+        return compared_pairs(list(names), self.config.backends)
 
     def checking(self, backends: tuple[str, ...] | None) -> None:
         """The check now looks at ``backends`` (one, or a pair); a failure raised now is charged to them."""
@@ -262,7 +271,8 @@ class Session:
                     built = self.run(construct, example, TaskSettings((backend,), self.mutant))
                     self.seen[backend.name] = built[0]["deep_ep"]
                 except RankFailure as failure:
-                    self.budget.run_restarts += 1
+                    if not getattr(failure, "in_step", False):  # a raise every rank took in step kept the world
+                        self.budget.run_restarts += 1
                     broken[backend.name] = cause_of(failure, backend.name)
             self._broken[self.mutant] = broken
         return self._broken[self.mutant]

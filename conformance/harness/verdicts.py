@@ -80,11 +80,13 @@ class Tally:
         return self.columns.setdefault(name, Column())
 
     # ------------------------------------------------------------------------------------ one example
-    def start(self, backends: tuple[str, ...]) -> None:
-        """A new example on ``backends``."""
+    def start(self, backends: tuple[str, ...], pairs: list[tuple[str, str]] | None = None) -> None:
+        """A new example on ``backends``, whose checks compare ``pairs`` (default: consecutive backends)."""
         self.backends = tuple(backends)
+        self.pairs = [pair_name(a, b) for a, b in pairs] if pairs is not None else pairs_of(self.backends)
         self.current: tuple[str, ...] | None = None
         self.touched: list[str] = []
+        self.completed: list[str] = []  # columns whose check ended, held, before the example failed elsewhere
         self.excluded: dict[str, str] = {}
         self.divergent: set[str] = set()
         for name in self.backends:
@@ -97,6 +99,11 @@ class Tally:
             name = self._name(self.current)
             if name not in self.touched:
                 self.touched.append(name)
+
+    def complete(self, name: str) -> None:
+        """The check of column ``name`` ended on this example and held (counted even if another column then fails)."""
+        if name not in self.completed:
+            self.completed.append(name)
 
     def exclude(self, backend: str, condition: str) -> None:
         """A known limit excluded ``backend`` from this example."""
@@ -131,11 +138,13 @@ class Tally:
         self._count_exclusions()
 
     def failed(self, blame: tuple[str, ...]) -> None:
-        """The example failed on ``blame``; the other columns were not checked to the end."""
+        """The example failed on ``blame``; the other columns were not checked to the end (but those whose check
+        had completed)."""
         for name in blame:
             column = self.column(name)
             column.checked += 1
             column.failed += 1
+        self._count_completed(blame)
         self._count_exclusions()
 
     def known_defect(self, blame: tuple[str, ...], defect_id: str) -> None:
@@ -145,9 +154,17 @@ class Tally:
             column.checked += 1
             column.known_defect += 1
             column.defects[defect_id] = column.defects.get(defect_id, 0) + 1
+        self._count_completed(blame)
         self._count_exclusions()
 
     # ---------------------------------------------------------------------------------------- helpers
+    def _count_completed(self, blame: tuple[str, ...]) -> None:
+        for name in self.completed:
+            if name not in blame and name not in self.excluded:
+                column = self.column(name)
+                column.checked += 1
+                column.held += 1
+
     def _count_exclusions(self) -> None:
         for backend, condition in self.excluded.items():
             column = self.column(backend)
@@ -164,8 +181,7 @@ class Tally:
             return [self._name(tuple(backends))]
         if self.current:
             return [self._name(self.current)]
-        pairs = pairs_of(self.backends)
-        return pairs or list(self.backends)
+        return self.pairs or list(self.backends)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """``{column: counts and status}``, backends first, then pairs."""

@@ -83,7 +83,10 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
 
     def pairwise(rank: int, first: tuple[str, GradResult], other: tuple[str, GradResult]) -> None:
         (name_a, a), (_, b) = first, other
-        if a.unmasked_weights is not None and b.unmasked_weights is not None and not torch.equal(
+        if a.unmasked_weights is not None and b.unmasked_weights is not None and a.api == b.api:
+            assert_bytes_equal(b.unmasked_weights, a.unmasked_weights, labels=SLOTS, rank=rank, call=b.call,
+                               name="combined weight gradients (non-zero at non-local slots)", against=name_a)
+        elif a.unmasked_weights is not None and b.unmasked_weights is not None and not torch.equal(
             a.unmasked_weights, b.unmasked_weights
         ):
             ctx.record_divergence(

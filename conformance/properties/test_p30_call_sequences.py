@@ -25,6 +25,7 @@ from conformance.assertions import (
     assert_raised_everywhere,
     assert_same_values,
     assert_sum_or_special,
+    consecutive_pairs,
     hex_row,
 )
 from conformance.core.cases import SequenceCase
@@ -224,7 +225,7 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
                     ctx.record_unsupported(result, case)
                     continue
                 check_result(ctx, case, index, backend, rank, result)
-        for first, other in zip(backends, backends[1:], strict=False):
+        for first, other in (getattr(ctx, "pairs", None) or consecutive_pairs)(backends):
             if any(isinstance(ranks[name], Unsupported) for ranks in per_rank for name in (first, other)):
                 continue  # nothing to compare: recorded as unsupported above
             ctx.checking((first, other))

@@ -51,12 +51,34 @@ SYMBOLS = {"passed": "passed", "failed": "FAILED", "known-defect": "known-defect
            "unsupported": "unsupported", "not-run": "not-run", "skipped": "skipped", "-": "-"}
 
 
+def short_backend(name: str) -> str:
+    """A backend's name in a pair column: ``emulated-v1`` -> ``emu1``, ``real-v2`` -> ``real2``, a plug-in by its
+    initials (``megatron-fused-a2a-v1`` -> ``mfa1``), ``module:Class`` by the class."""
+    for impl, short in (("emulated", "emu"), ("real", "real")):
+        if name in (f"{impl}-v1", f"{impl}-v2"):
+            return short + name[-1]
+    name = name.rpartition(":")[2] if ":" in name else name
+    parts = [p for p in name.replace("=", "-").replace("_", "-").split("-") if p]
+    version = parts.pop()[-1] if len(parts) > 1 and parts[-1] in ("v1", "v2") else ""
+    return ("".join(p[0] for p in parts) if len(parts) > 1 else name) + version
+
+
 def short_column(name: str) -> str:
-    """``emulated-v1 vs emulated-v2`` -> ``v1~v2``; ``emulated-v2`` -> ``emulated-v2``."""
+    """``emulated-v1 vs emulated-v2`` -> ``emu1~emu2``; ``emulated-v2`` -> ``emulated-v2``."""
     if " vs " in name:
         a, b = name.split(" vs ")
-        return f"{a.rsplit('-', 1)[-1]}~{b.rsplit('-', 1)[-1]}"
+        return f"{short_backend(a)}~{short_backend(b)}"
     return name
+
+
+def pair_legend(columns: list[str]) -> str:
+    """``emu1 = emulated-v1, ...``: the short names the pair columns use."""
+    names = []
+    for column in columns:
+        for name in column.split(" vs ") if " vs " in column else ():
+            if name not in names:
+                names.append(name)
+    return ", ".join(f"{short_backend(n)} = {n}" for n in names)
 
 
 def matrix_rows(document: dict[str, Any]) -> tuple[list[str], list[tuple[dict[str, Any], list[tuple[str, str]]]]]:

@@ -25,7 +25,10 @@ from conformance.core.ids import sort_key
 from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
 from conformance.reporting.gate import compare
-from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, short_column
+from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, pair_legend, short_column
+from conformance.reporting.migration import markdown as migration_markdown
+from conformance.reporting.migration import migrations
+from conformance.reporting.migration import summary as migration_summary
 from conformance.world.launcher import describe_engine
 
 USER_PROPERTY = "conformance"
@@ -263,12 +266,17 @@ def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dic
 def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
     """One backend in the report's environment: its API, whether it is real, the module it drives; for a plug-in
     also where it comes from, what it declares and which deep_ep it sees."""
+    if spec.substitute:
+        module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
+        return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "class": spec.target,
+                "description": spec.description, "deep_ep": spec.deep_ep}
     if not spec.plugin:
         return {"name": spec.name, "api": spec.class_name, "real": spec.real,
                 "module": "deep_ep" if spec.real else "conformance.emulation"}
     module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
     return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "plugin": spec.source,
-            "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep}
+            "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep,
+            "family": spec.family or spec.name}
 
 
 def _failure_message(report: Any) -> str:
@@ -401,7 +409,7 @@ def build_document(
                                   examples=0, wall_s=0.0, message="not run: " + "; ".join(reasons))
                     for pid in not_run]
     entries = sorted(entries + placeholders, key=lambda e: (sort_key(e.id), e.test))
-    return {
+    document = {
         "schema": SCHEMA,
         "complete": not reasons,
         "incomplete_reason": "; ".join(reasons) or None,
@@ -414,6 +422,8 @@ def build_document(
         "known_defects": known_defects or {"file": None, "deep_ep": None, "entries": []},
         "api_coverage": report_section(per_property_calls([{"properties": [vars(e) for e in entries]}])),
     }
+    document["migration"] = migrations(document)
+    return document
 
 
 def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
@@ -545,12 +555,15 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
             counts = counts_text(p, column)
             text += f"{(SYMBOLS.get(verdict, verdict) + (' ' + counts if counts else ''))[:width - 1]:<{width}}"
         lines.append((text.rstrip(), styles.get(p["status"], {})))
-    lines.append(("(held/checked examples; +Nx: N examples a known limit excluded; A~B: the pair compared)", {}))
+    legend = pair_legend(columns)
+    lines.append(("(held/checked examples; +Nx: N examples a known limit excluded; A~B: the pair compared"
+                  + (f"; {legend}" if legend else "") + ")", {}))
     for entry in document.get("known_defects", {}).get("entries", []):
         if entry["status"] in ("known-defect", "fixed"):
             lines.append((f"known defect {entry['id']}: {entry['status']}"
                           + (f" ({entry['failed']} example(s))" if entry["status"] == "known-defect" else
                              f" - {entry['why']}"), {"yellow": True} if entry["status"] == "fixed" else {}))
+    lines += [(line, {"bold": True}) for line in migration_summary(document)]
     ran = [p for p in document["properties"] if p["status"] != "not-run"]
     slowest = sorted(ran, key=lambda p: -p["wall_s"])[:3]
     if slowest:
@@ -582,6 +595,8 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
 
 
 def _kind(backend: dict[str, Any]) -> str:
+    if "class" in backend:
+        return f"class backend {backend['class']} in place of deep_ep.{backend['api']}, real: {backend['real']}"
     if "plugin" not in backend:
         return "real" if backend["real"] else "emulated"
     on = {"real": "real deep_ep", "emulation": "conformance.emulation as deep_ep"}.get(backend.get("deep_ep"),
@@ -668,6 +683,9 @@ def markdown(document: dict[str, Any]) -> str:
         *markdown_matrix(document),
         *_verdict_notes(document),
     ]
+    changes = migration_markdown(document)
+    if changes:
+        lines += ["", "## What changes for a wrapper's users when DeepEP V2 is installed", "", *changes]
     known = document.get("known_defects", {}).get("entries", [])
     if known:
         lines += ["", f"## Known defects ({document['known_defects']['file']})", "",

@@ -70,6 +70,7 @@ class GradResult:
     unmasked_weights: torch.Tensor | None = None  # combine of weight grads NOT zeroed at non-local slots
     not_checked: list[str] = field(default_factory=list)  # comparisons the backend's capabilities do not allow
     reduction_group: int | None = None  # the backend's reduction tree for x.grad (a combine)
+    api: str = ""  # the API the backend follows (the unmasked weight gradients differ between APIs by design)
 
 
 # ------------------------------------------------------------------------------------------------- tasks
@@ -142,7 +143,9 @@ def cached_dispatch(env: RankEnv) -> dict[str, CachedResult | Unsupported]:
         call = f"{view.call}, then cached dispatch(x, handle=handle) [{type(adapter).__name__}.cached_dispatch]"
         return CachedResult(call, view.src_rank, view.src_token, view.x, same, again)
 
-    return env.each_backend("dispatch", run)
+    # A wrapper's cached dispatch may make a combine first (Megatron's is the backward of fused_combine): the
+    # combine's known limits (its refusal only) apply to it too.
+    return env.each_backend("dispatch", run, also=("combine",))
 
 
 @rank_task
@@ -161,6 +164,26 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
         w = inputs.topk_weights.clone().requires_grad_(True)
         recv_x, recv_w, raw, view = adapter.fused_dispatch(inputs, example, rank, x, w)
         return {"view": view, "x": x, "w": w, "recv_x": recv_x, "recv_w": recv_w, "raw": raw}
+
+    def row_grads(view: DispatchView, masked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The upstream gradients of ``view``'s received rows (weights masked to local slots, or not)."""
+        rows = list(zip(view.src_rank.tolist(), view.src_token.tolist(), strict=True))
+        if not rows:
+            return torch.zeros(0, example.hidden).bfloat16().to(device), torch.zeros(0, example.num_topk).to(device)
+        gx = torch.stack([tables[s][0][t] for s, t in rows])
+        gw = torch.stack([mask_weight_grads(example, rank, source_idx[s][t], tables[s][1][t]) if masked
+                          else tables[s][1][t] for s, t in rows])
+        return gx.to(device).contiguous(), gw.to(device).contiguous()
+
+    def unmasked_weight_grads(adapter: Any) -> torch.Tensor:
+        """``topk_weights.grad`` of the backend's own autograd for weight gradients that are *not* zero at slots
+        whose expert is on another rank (a backend without ``combine_weights``: its backward is the only combine of
+        weights it offers); the rows come from a second dispatch, in its own order."""
+        x = inputs.x.clone().requires_grad_(True)
+        w = inputs.topk_weights.clone().requires_grad_(True)
+        recv_x, recv_w, _, again = adapter.fused_dispatch(inputs, example, rank, x, w)
+        torch.autograd.backward([recv_x, recv_w], list(row_grads(again, masked=False)))
+        return w.grad.detach()
 
     def backward(adapter: Any, fwd: dict[str, Any]) -> GradResult:
         view, raw, spec = fwd["view"], fwd["raw"], adapter.spec
@@ -183,6 +206,7 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
             direct_x = adapter.combine(raw, gx)[0]
             not_checked.append("topk_weights.grad against a direct combine of the weight gradients: the backend does "
                                "not declare the capability 'combine_weights'")
+            unmasked_w = unmasked_weight_grads(adapter)
         else:
             direct_x = None
             not_checked.append("x.grad against a direct combine: the backend does not declare the capability "
@@ -204,7 +228,7 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
             call, view.src_rank, view.src_token, fwd["x"].grad.cpu(), fwd["w"].grad.cpu(),
             None if direct_x is None else direct_x.cpu(), None if direct_w is None else direct_w.cpu(),
             expert_out.grad.cpu(), direct_rows, None if unmasked_w is None else unmasked_w.cpu(), not_checked,
-            reduction_group(adapter, raw),
+            reduction_group(adapter, raw), adapter.api,
         )
 
     return env.then_each_backend(env.each_backend("dispatch", forward), "combine", backward)

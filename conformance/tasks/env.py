@@ -10,6 +10,7 @@ task.  Tasks return plain data (views, tensors, :class:`~conformance.core.views.
 from __future__ import annotations
 
 import functools
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from conformance.core.example import Example, RankInputs, build_rank_inputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import Unsupported
 from conformance.mutants import activate
-from conformance.world.rank import RankContext, context
+from conformance.world.rank import RaisedInStep, RankContext, backend_context, context, step
 
 
 @dataclass(frozen=True)
@@ -103,15 +104,23 @@ class RankEnv:
         return out
 
     def call(self, spec: BackendSpec, operation: str, call: Callable[[Any], Any], also: tuple[str, ...] = ()) -> Any:
-        try:
-            return call(get_adapter(spec))
-        except NotSupported as exc:
-            return Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
-        except Exception as exc:
-            unsupported = limited(spec, (operation, *also), self.example, exc)
-            if unsupported is None:
-                raise
-            return unsupported
+        """``call(adapter)`` for ``spec``, then a step every rank takes together (:func:`in_step`): no rank starts
+        another backend's calls before this one's ended everywhere, so a hang is charged to the backend that hung
+        and an exception that is not a known limit ends the task on every rank (``RaisedInStep``) with the world
+        still usable."""
+        error: BaseException | None = None
+        result: Any = None
+        with backend_context(spec.name, operation):
+            try:
+                result = call(get_adapter(spec))
+            except NotSupported as exc:
+                result = Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
+            except Exception as exc:
+                result = limited(spec, (operation, *also), self.example, exc)
+                if result is None:
+                    error = exc
+            in_step(self.device, spec.name, operation, error)
+        return result
 
 
 #: The mutant the previous task of this process ran with (``[name]``; the initial ``[None]``: none planted).
@@ -145,12 +154,34 @@ def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any
     return task
 
 
+def in_step(device: torch.device, backend: str, operation: str, error: BaseException | None) -> None:
+    """End ``backend``'s ``operation`` on every rank together: its device work finished (a CUDA error it left is
+    *sticky*: the world cannot be reused), then one small all-gather of who raised.  If any rank raised, every rank
+    raises :class:`~conformance.world.rank.RaisedInStep` (the controller keeps the world unless an error is sticky);
+    a sticky error is re-raised as it is (the world is retired)."""
+    sticky = False
+    if device.type == "cuda":
+        try:
+            torch.cuda.synchronize(device)
+        except Exception as exc:  # noqa: BLE001 - an asynchronous CUDA error of this backend's kernels
+            error, sticky = error or exc, True
+    ranks, any_sticky = step(error is not None, sticky)
+    if not ranks:
+        return
+    if any_sticky:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"{backend}: {operation} left a CUDA error on rank(s) {ranks}")
+    own = None if error is None else "".join(traceback.format_exception(error))
+    raise RaisedInStep(backend, operation, ranks, own) from error
+
+
 def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: Exception) -> Unsupported | None:
     """``exc`` as ``spec``'s :class:`Unsupported` result where a known limit of one of ``operations`` covers
     ``example`` (``backends.limits``), else ``None`` (a failure)."""
     for operation in operations:
         limit = None if example is None else known_limit(spec.api, operation, example)
-        if limit is not None:
+        if limit is not None and limit.refused(exc):
             return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
                                f"{spec.class_name}.{operation} with {limit.condition}")
     return None

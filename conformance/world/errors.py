@@ -20,8 +20,14 @@ class RankFailure(RuntimeError):
         calls: dict[int, str] | None = None,
         signals: dict[int, str] | None = None,
         hosts: dict[int, str] | None = None,
+        backend: str | None = None,
+        in_step: bool = False,
     ) -> None:
         self.target = target
+        #: The backend whose call failed, where the ranks know it (a backend's call raised in step).
+        self.backend = backend
+        #: Every rank ended the task together after a backend's call raised: the world was kept, not retired.
+        self.in_step = in_step
         self.per_rank = per_rank
         self.culprits = sorted(per_rank) if culprits is None else sorted(culprits)
         #: rank -> the library call it was in (``backend|Class.method``, see ``world.rank.current_call``).
@@ -37,8 +43,10 @@ class RankFailure(RuntimeError):
                  + (f" in {describe_call(self.calls[r])}" if self.calls.get(r) else "") for r in self.culprits]
         if any(r in self.signals or self.calls.get(r) or on(r) for r in self.culprits):
             headline += " (" + "; ".join(where) + ")"
-        if waiting:
+        if waiting and not in_step:
             headline += f"; rank(s) {waiting} were still running (their stacks follow)"
+        if in_step:
+            headline += "; every rank ended the task in step (the world was kept)"
         details = "\n".join(f"--- rank {rank} ---\n{text.rstrip()}" for rank, text in sorted(per_rank.items()))
         super().__init__(f"{headline}\n{details}")
 

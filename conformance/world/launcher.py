@@ -409,6 +409,11 @@ class World:
             for r in self._ranks:
                 r.conn.send_bytes(message)
             results = self._collect(target, timeout, expect="ok")
+        except RankRaised as failure:
+            if not failure.in_step:  # a world left mid-task is never reused
+                self.kill()
+            self._busy = False
+            raise
         except BaseException:  # a failed rank, or Ctrl-C: a world left mid-task is never reused
             self.kill()
             raise
@@ -419,6 +424,7 @@ class World:
         deadline = time.monotonic() + timeout
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
+        in_step: dict[int, dict[str, Any]] = {}  # rank -> its RaisedInStep (a backend's call raised, all ranks know)
         crashed: list[_Rank] = []
         pending = {r.conn: r for r in self._ranks}
         while pending:
@@ -437,12 +443,24 @@ class World:
                     continue
                 if kind == expect:
                     results[r.rank] = value
+                elif kind == "raised":
+                    in_step[r.rank] = value
+                    errors[r.rank] = value["traceback"]
                 else:
                     errors[r.rank] = value
             if errors or crashed:
                 deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
         if not pending and not errors and not crashed:
             return [results[r] for r in range(self.shape.size)]
+        if not pending and not crashed and len(in_step) == self.shape.size:  # every rank ended in the same step
+            first = in_step[min(in_step)]
+            raised_on = first["ranks"]
+            per_rank = {rank: (errors[rank] if rank in raised_on else
+                               f"did not raise; ended the task because rank(s) {raised_on} raised in "
+                               f"{first['operation']} [{first['backend']}]") for rank in sorted(in_step)}
+            raise RankRaised(target, per_rank, culprits=raised_on,
+                             calls={rank: f"{first['backend']}|{first['operation']}" for rank in raised_on},
+                             backend=first["backend"], in_step=True)
         stuck = list(pending.values())
         seen = self._inspect(crashed, stuck)
         calls = {rank: info["call"] for rank, info in seen.items() if info.get("call")}

@@ -81,6 +81,29 @@ class RankContext:
 _context: RankContext | None = None
 _ep_group: Any = None
 _store: Any = None
+_control_group: Any = None
+
+
+def control_group() -> Any:  # torch.distributed.ProcessGroup
+    """A gloo group of every rank, made at start-up, for the suite's own synchronisation (:func:`step`): never the
+    group the backends communicate on, so that a backend's half-finished collective cannot pair with the suite's."""
+    if _control_group is None:
+        raise RuntimeError("conformance.world.rank.control_group() called outside a rank process")
+    return _control_group
+
+
+def step(raised: bool, sticky: bool = False) -> tuple[list[int], bool]:
+    """Every rank says whether its part of a backend's call raised (``sticky``: and left the device unusable); returns
+    the ranks that raised and whether any of them is sticky.  One small all-gather on :func:`control_group`."""
+    import torch
+    import torch.distributed as dist
+
+    group = control_group()
+    mine = torch.tensor([2 if sticky else 1 if raised else 0], dtype=torch.int32)
+    flags = [torch.zeros(1, dtype=torch.int32) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, mine, group=group)
+    values = [int(f.item()) for f in flags]
+    return [r for r, v in enumerate(values) if v], any(v == 2 for v in values)
 
 
 def store() -> Any:  # torch.distributed.TCPStore
@@ -124,6 +147,34 @@ def _note_log_offset() -> None:
 
 
 _labels: list[str] = []
+#: The backends whose calls the rank is inside (innermost last): :func:`backend_context`.
+_backends: list[str] = []
+
+
+class RaisedInStep(Exception):  # noqa: N818 - an outcome the controller reads, not an error of this module
+    """A backend's call raised on some ranks and every rank knows it (:func:`step`): each rank ends its task with
+    this, so the world is still in step and need not be retired (``conformance.tasks.env.RankEnv.call``).
+
+    ``backend``: the backend whose call raised; ``operation``: what was called; ``ranks``: the ranks where it raised
+    (the others raise this too, naming them); ``own``: this rank's traceback, or ``None`` where it did not raise."""
+
+    def __init__(self, backend: str, operation: str, ranks: list[int], own: str | None) -> None:
+        self.backend, self.operation, self.ranks, self.own = backend, operation, ranks, own
+        where = f"raised on rank(s) {ranks}"
+        super().__init__(f"{backend}: {operation} {where}" + ("" if own else " (not on this rank)"))
+
+
+@contextlib.contextmanager
+def backend_context(name: str, operation: str) -> Iterator[None]:
+    """The calls inside the block are ``name``'s (a backend of the task): a crash or hang in a traced library call is
+    charged to ``name`` even when another backend traced that class first (a plug-in over the emulation shares the
+    emulated backends' classes), and outside any traced call the rank is reported in ``operation [name]``."""
+    _backends.append(name)
+    try:
+        with current_call(f"{name}|{operation}"):
+            yield
+    finally:
+        _backends.pop()
 
 
 @contextlib.contextmanager
@@ -138,6 +189,8 @@ def call_context(label: str) -> Iterator[None]:
 
 
 def _with_context(name: str) -> str:
+    if _backends and "|" in name:  # a library call made for the backend the task is driving
+        name = f"{_backends[-1]}|{name.partition('|')[2]}"
     return f"{name} (in {', '.join(_labels)})" if _labels and name else name
 
 
@@ -221,6 +274,8 @@ def _init_process_group(timeout_s: float) -> RankContext:
     )
     if recorder:
         _ep_group = dist.new_group(list(range(world_size)))
+    global _control_group
+    _control_group = dist.new_group(list(range(world_size)), backend="gloo")
     _store = store
     return RankContext(
         rank=rank,
@@ -347,6 +402,9 @@ def _serve(conn: Connection) -> None:
                     if profiler is not None:
                         profiler.disable()
             reply: tuple = ("ok", result)
+        except RaisedInStep as exc:  # every rank ends the task this way: the world stays usable
+            reply = ("raised", {"backend": exc.backend, "operation": exc.operation, "ranks": exc.ranks,
+                                "traceback": exc.own or traceback.format_exc()})
         except BaseException:  # reported to the controller, which retires this world
             reply = ("error", traceback.format_exc())
         sys.stdout.flush()

@@ -1,0 +1,191 @@
+"""The end of a run (P25): a backend's processes exit cleanly after its teardown and ``destroy_process_group()``.
+
+The suite's own rank processes never end the way a user's do (they destroy every buffer before the group and leave
+with ``os._exit``), so each rank starts one short-lived child per backend: the children of one backend form a fresh
+process group (the world's rendezvous store under a prefix of their own), build the backend as a user would (a
+plug-in lazily, in its first call), dispatch and combine the example, end as the case's scenario says, destroy the
+process group, print :data:`DESTROYED` and return from ``main``, so that the interpreter's exit collects what is
+left (a wrapper's module-global buffer, say).  The rank waits for its children and returns each one's exit status,
+the signal that killed it, the markers it reached and the tail of its output.
+
+Run as ``python -m conformance.tasks.lifecycle`` (by :func:`exit_checks` only: the child reads its orders from
+stdin).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from conformance.core.cases import ExitCase
+from conformance.core.views import DispatchOptions, Unsupported
+from conformance.tasks.env import RankEnv, TaskSettings, rank_task
+from conformance.world.rank import control_group
+
+#: Printed by a child once its calls returned, and once the process group is destroyed (then it only exits).
+CALLS_DONE = "conformance-exit-check: calls done"
+DESTROYED = "conformance-exit-check: process group destroyed; exiting"
+#: Seconds a child may take (start, calls, exit) before it is killed and reported hung.
+CHILD_TIMEOUT_S = 150.0
+#: The output kept per child.
+TAIL_CHARS = 4000
+_runs = [0]
+#: What a child keeps alive until the interpreter exits (a user's module-global buffers).
+_KEPT: list[Any] = []
+
+
+#: The line a child prints before its end of the run (what it called), read back by :func:`exit_checks`.
+ENDING = "conformance-exit-check: ending with "
+
+
+def describe_end(spec: Any, scenario: str, backend: Any = None) -> str:
+    """How the backend's run ended, in words (failure messages)."""
+    if scenario == "garbage-collected":
+        return (f"its buffers built with explicitly_destroy=False, kept in a module global and never destroyed "
+                f"({spec.class_name}(group, ...) as a user who never destroys it builds it)")
+    if spec.plugin:
+        from conformance.backends.plugins import PluginBackend
+
+        if backend is not None and type(backend).teardown is PluginBackend.teardown:
+            return "no teardown (the wrapper offers its users none: PluginBackend.teardown is not overridden)"
+        name = type(backend).__name__ if backend is not None else spec.name
+        return f"the wrapper's own teardown ({name}.teardown())"
+    return f"{spec.class_name}.destroy() of every buffer (built with explicitly_destroy=True)"
+
+
+#: What torch's gloo leaves when a process group that ran collectives is still referenced at exit (after
+#: ``destroy_process_group()``): ``std::terminate`` in the C++ teardown, about one exit in five on torch 2.13 with no
+#: library involved (a two-line script shows it).  An exit that shows only this is run again.
+TORCH_GLOO_EXIT_ABORT = "terminate called without an active exception"
+#: How many times a backend's children are started when they die only of :data:`TORCH_GLOO_EXIT_ABORT`.
+ATTEMPTS = 6
+
+
+def torch_gloo_exit_abort(result: dict[str, Any]) -> bool:
+    """Whether a child died at exit of torch's gloo teardown only (no library message in its output)."""
+    tail = result["tail"]
+    return (result["signal"] == "SIGABRT" and result["destroyed"] and TORCH_GLOO_EXIT_ABORT in tail
+            and not any(word in tail for word in ("EPException", "CUDA", "deep_ep", "Assertion")))
+
+
+def _start(env: RankEnv, spec: Any, case: ExitCase, attempt: int) -> tuple[subprocess.Popen, Any]:
+    child_env = dict(os.environ)
+    # a fresh group per backend, task and attempt, in the world's rendezvous store (rank.py's _init_process_group)
+    child_env["TORCHELASTIC_RUN_ID"] = f"{os.environ['TORCHELASTIC_RUN_ID']}/exit/{_runs[0]}/{spec.name}/{attempt}"
+    orders = tempfile.TemporaryFile()
+    pickle.dump({"spec": spec, "case": case, "mutant": env.settings.mutant, "timeout_s": CHILD_TIMEOUT_S}, orders)
+    orders.seek(0)
+    output = tempfile.TemporaryFile()  # a file, not a pipe: a child never blocks on a full pipe
+    child = subprocess.Popen([sys.executable, "-m", "conformance.tasks.lifecycle"], stdin=orders, stdout=output,
+                             stderr=subprocess.STDOUT, env=child_env)
+    orders.close()
+    return child, output
+
+
+def _result(env: RankEnv, name: str, case: ExitCase, child: subprocess.Popen, output: Any, deadline: float
+            ) -> dict[str, Any]:
+    hung = False
+    try:
+        child.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        hung = True
+        child.kill()
+        child.wait()
+    output.seek(0)
+    text = output.read().decode(errors="replace")
+    output.close()
+    code = child.returncode
+    return {
+        "exit": code,
+        "signal": signal.Signals(-code).name if code is not None and code < 0 and -code in
+        signal.Signals._value2member_map_ else None,
+        "hung": hung,
+        "calls_done": CALLS_DONE in text,
+        "destroyed": DESTROYED in text,
+        "tail": text[-TAIL_CHARS:],
+        "end": next((line[len(ENDING):] for line in text.splitlines() if line.startswith(ENDING)),
+                    describe_end(env.spec(name), case.scenario)),
+        "plugin": env.spec(name).plugin,
+        "attempts": 1,
+    }
+
+
+@rank_task
+def exit_checks(env: RankEnv) -> dict[str, Any]:
+    """Per backend: one child process on every rank, all backends at once (see the module docstring).  A backend
+    whose children died only of torch's gloo exit abort (:data:`TORCH_GLOO_EXIT_ABORT`, on any rank) is started
+    again, every rank agreeing, up to :data:`ATTEMPTS` times; its result says how many attempts it took."""
+    case: ExitCase = env.case
+    _runs[0] += 1
+    out: dict[str, Any] = {}
+    pending = []
+    for spec in env.specs():
+        if case.scenario == "garbage-collected" and spec.plugin:
+            out[spec.name] = Unsupported(spec.name, f"{spec.name} end of run", (
+                "a plug-in builds and keeps its buffers itself: only its own teardown (scenario 'teardown') "
+                "applies"))
+            continue
+        pending.append(spec)
+    for attempt in range(1, ATTEMPTS + 1):
+        children = {spec.name: _start(env, spec, case, attempt) for spec in pending}
+        deadline = time.monotonic() + CHILD_TIMEOUT_S
+        for name, (child, output) in children.items():
+            result = _result(env, name, case, child, output, deadline)
+            result["attempts"] = attempt
+            out[name] = result
+        again = [spec.name for spec in pending if torch_gloo_exit_abort(out[spec.name])]
+        flags = [None] * env.world_size
+        import torch.distributed as dist
+
+        dist.all_gather_object(flags, again, group=control_group())
+        retry = {name for names in flags for name in names or ()}
+        pending = [spec for spec in pending if spec.name in retry]
+        if not pending or attempt == ATTEMPTS:
+            break
+    return out
+
+
+def _child_main() -> None:
+    """One backend's life in a fresh process (the orders come pickled on stdin)."""
+    orders = pickle.load(sys.stdin.buffer)
+    spec, case = orders["spec"], orders["case"]
+    import torch.distributed as dist
+
+    from conformance.backends.alias import apply_from_environment
+    from conformance.backends.factory import get_adapter
+    from conformance.mutants import activate
+    from conformance.world import rank as rank_process
+
+    rank_process._context = rank_process._init_process_group(orders["timeout_s"])
+    apply_from_environment()
+    planted = activate(orders["mutant"])
+    planted.__enter__()  # planted until the process is gone (its exit is what is checked)
+    _KEPT.append(planted)  # (a context manager collected would undo it)
+    env = RankEnv(TaskSettings((spec,), orders["mutant"]), case, rank_process.context())
+    example = case.example
+    adapter = get_adapter(spec)
+    if case.scenario == "garbage-collected":
+        adapter.explicitly_destroy = False
+    view, raw = adapter.dispatch(env.inputs, example, DispatchOptions(), env.rank)
+    adapter.combine(raw, raw["recv_x"])
+    del view, raw
+    print(CALLS_DONE, flush=True)
+    print(ENDING + describe_end(spec, case.scenario, adapter), flush=True)
+    if case.scenario == "garbage-collected":
+        _KEPT.append(adapter)  # a user's module global: collected when the interpreter exits
+    elif spec.plugin:
+        adapter.teardown()
+    else:
+        adapter.destroy()
+    dist.destroy_process_group()
+    print(DESTROYED, flush=True)
+
+
+if __name__ == "__main__":
+    _child_main()
