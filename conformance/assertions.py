@@ -649,13 +649,27 @@ def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str
 # ---------------------------------------------------------------------------------------------- refusals
 
 
+#: ``(/tmp/src/DeepEP/csrc/elastic/buffer.hpp:540)``: the library's exceptions name their source file as the build saw
+#: it (``__FILE__``); a wheel built elsewhere prefixes its build directory.
+_SOURCE_PATH = re.compile(r"(?<=\()[^()\s]*?/(?=(?:csrc|deep_ep)/[^()\s]*:\d+\))")
+
+
+def without_build_directory(message: str) -> str:
+    """``message`` with every source path made relative to the library's tree (``(csrc/...:540)``): the same
+    refusal from a wheel built in another directory compares equal."""
+    return _SOURCE_PATH.sub("", message)
+
+
 def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: str | tuple[str, ...] | None = None,
                              expected_message: str | None = None, message_prefix: str | None = None,
                              message_pattern: str | None = None) -> None:
     """Every rank raised; with the expected type / exact message / message prefix / message regex when given."""
     __tracebackhide__ = True
     types = (expected_type,) if isinstance(expected_type, str) else expected_type
+    if expected_message is not None:
+        expected_message = without_build_directory(expected_message)
     for rank, got in enumerate(raised):
+        message = without_build_directory(got.message or "")
         if got.type is None:
             raise AssertionError(
                 f"rank {rank} returned normally, expected " + (f"{'/'.join(types)}" if types else "an exception")
@@ -664,11 +678,11 @@ def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: 
         if types is not None and got.type not in types:
             raise AssertionError(f"rank {rank} raised {got}, expected {'/'.join(types)}"
                                  + (f"({expected_message!r})" if expected_message is not None else "") + f" [{call}]")
-        if expected_message is not None and got.message != expected_message:
+        if expected_message is not None and message != expected_message:
             raise AssertionError(f"rank {rank} raised {got}, expected message {expected_message!r} [{call}]")
-        if message_prefix is not None and not (got.message or "").startswith(message_prefix):
+        if message_prefix is not None and not message.startswith(without_build_directory(message_prefix)):
             raise AssertionError(f"rank {rank} raised {got}, expected a message starting {message_prefix!r} [{call}]")
-        if message_pattern is not None and re.fullmatch(message_pattern, got.message or "", re.S) is None:
+        if message_pattern is not None and re.fullmatch(message_pattern, message, re.S) is None:
             raise AssertionError(f"rank {rank} raised {got}, expected a message matching {message_pattern!r} [{call}]")
 
 

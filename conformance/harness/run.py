@@ -162,11 +162,13 @@ class ConformanceRun:
 
         if self.session is None:  # else made at collection, its node agents already loading torch
             self.session = Session(self.run)
-        self.session.on_progress = self._progress
+        session = self.session
+        session.on_progress = self._progress
         try:
-            yield self.session
+            yield session
         finally:
-            self.session.close()
+            # (an interrupted run may have closed and dropped it already: pytest_sessionfinish runs first then)
+            session.close()
             self.session = None
             if self.is_worker:
                 try:

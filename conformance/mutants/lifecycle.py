@@ -10,7 +10,6 @@ from conformance.emulation import ElasticBuffer, elastic
 from conformance.mutants.patching import wrap_method
 from conformance.mutants.registry import register
 
-
 #: The buffers the planted leak keeps (as a library-global registry would).
 _leaked: list[Any] = []
 
