@@ -226,6 +226,49 @@ def mutation_matrix(args: list[str]) -> dict[str, Any]:
             **{k: summary[k] for k in keep if k in summary}}
 
 
+#: The whole catalog on the real library (issue 25): one H200, two ranks sharing it, the four backends.
+CATALOG_ARGS = ("--rank-setup shared --device cuda --nodes 1 --backends real-v1,real-v2,emulated-v1,emulated-v2 "
+                "--max-examples 25")
+
+
+def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit_s: float) -> dict[str, Any]:
+    """The whole catalog as ``args`` says (one run: it is long), its JIT cache at ``jit_cache`` (``fresh``: emptied
+    first: a cold run): wall time, examples, examples/s after the warm-up, the JIT's kernels and share of the wall,
+    per property its examples/s; the run's report stays in ``report_dir`` (``limit_s``: SIGTERM then, the run writes
+    its partial report).  The rank profiles (``CONFORMANCE_PROFILE_DIR``): what dominates the rank time."""
+    import shutil
+
+    from conformance.world.rank import PROFILE_ENV
+
+    if fresh:
+        shutil.rmtree(jit_cache, ignore_errors=True)
+    profile_dir = tempfile.mkdtemp(prefix="catalog-profile-")
+    env = {**_env(), "EP_JIT_CACHE_DIR": jit_cache, PROFILE_ENV: profile_dir}
+    start = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={report_dir}",
+                             *args], cwd=ROOT, env=env)
+    try:
+        code = proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        code = proc.wait(timeout=120)
+    wall = time.monotonic() - start
+    report = json.loads((Path(report_dir) / "conformance.json").read_text())
+    jit = report.get("jit") or {}
+    warm = (jit.get("warm_up") or {}).get("wall_s", 0.0)
+    ran = [p for p in report["properties"] if p["status"] not in ("not-run", "skipped")]
+    examples = sum(p["examples"] for p in ran)
+    rates = {p["id"]: round(p["examples"] / p["wall_s"], 2) for p in ran if p["wall_s"] > 0 and p["examples"]}
+    return {"wall": {"median": round(wall, 1), "unit": "s", "runs": [round(wall, 1)]}, "exit_status": code,
+            "complete": report.get("complete"), "statuses": report.get("summary"),
+            "examples": examples, "examples_per_s_after_warm_up": round(examples / max(wall - warm, 1e-9), 2),
+            "examples_per_s_per_property": rates,
+            "median_examples_per_s_per_property": round(statistics.median(rates.values()), 2) if rates else None,
+            "jit": {k: jit.get(k) for k in ("kernels", "compiles", "compile_s", "busy_s", "share", "by_kernel")},
+            "warm_up_s": warm, "jit_cache": "cold (emptied first)" if fresh else "warm (kept)",
+            "rank_profile": rank_profile_shares(profile_dir), "command": "pytest " + " ".join(args)}
+
+
 #: Rank-side functions that wait for the device or copy between host and device (cProfile names).
 _SYNC_AND_COPY = ("synchronize", "'cpu'", "'cuda'", "'to'", "'copy_'", "'item'", "'tolist'", "'clone'",
                   "'numpy'", "wait", "record_stream")
@@ -246,9 +289,12 @@ def rank_profile_shares(folder: str) -> dict[str, Any]:
         if key is not None:
             hits[name] = hits.get(name, 0.0) + row[2]
     top = sorted(hits.items(), key=lambda kv: -kv[1])[:8]
+    by_own = sorted(((f"{Path(file).name}:{line} {name}", row[2]) for (file, line, name), row in stats.stats.items()),
+                    key=lambda kv: -kv[1])[:12]
     return {"task_time_s": round(total, 3), "sync_and_copy_s": round(sum(hits.values()), 3),
             "sync_and_copy_share": round(sum(hits.values()) / total, 4) if total else None,
-            "top": [{"function": n, "s": round(s, 3)} for n, s in top], "ranks": len(files)}
+            "top": [{"function": n, "s": round(s, 3)} for n, s in top], "ranks": len(files),
+            "dominant": [{"function": n, "own_s": round(s, 3)} for n, s in by_own]}
 
 
 def machine() -> dict[str, Any]:
@@ -281,12 +327,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile-ranks", action="store_true",
                    help="profile the ranks (cProfile) during the per-property figures and report the share of their "
                         "time in synchronisation and copies (slows those figures: they are marked profiled)")
+    p.add_argument("--catalog-args", default=CATALOG_ARGS, help="the catalog figure's pytest arguments")
+    p.add_argument("--catalog-report", default="reports/catalog", help="where the catalog figure's run reports")
+    p.add_argument("--jit-cache", default=os.environ.get("EP_JIT_CACHE_DIR", "/tmp/deep_ep_jit"),
+                   help="the catalog figure's EP_JIT_CACHE_DIR")
+    p.add_argument("--cold", action="store_true", help="empty the JIT cache before the catalog figure (a cold run)")
+    p.add_argument("--catalog-limit", type=float, default=3600, help="seconds before the catalog run is stopped")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the emulation over CUDA (two ranks sharing the first GPU, gloo) for the per-example "
                         "figures, with the share of rank time in CUDA synchronisation and copies")
     args = p.parse_args(argv)
     args.long_reps = args.long_reps or args.reps
-    chosen = set(filter(None, args.only.split(","))) or set(FIGURES)
+    chosen = set(filter(None, args.only.split(","))) or set(FIGURES) - {"catalog"}  # catalog: a real-library run
     unknown = (chosen | set(filter(None, args.skip.split(",")))) - set(FIGURES)
     if unknown:
         p.error(f"unknown figure(s) {sorted(unknown)}; choose from {', '.join(FIGURES)}")
@@ -295,7 +347,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 FIGURES = ("world_start", "harness_overhead", "properties", "cost_growth", "first_example", "main_job",
-           "xdist_scaling", "mutation")
+           "xdist_scaling", "mutation", "catalog")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             value = main_job(args.long_reps, [])
         elif figure == "xdist_scaling":
             value = xdist_scaling(args.long_reps)
+        elif figure == "catalog":
+            value = catalog(args.catalog_args.split(), args.catalog_report, args.jit_cache, args.cold,
+                            args.catalog_limit)
         else:
             value = mutation_matrix(args.mutation_args.split())
         results["figures"][figure] = {**value, "took_s": round(time.monotonic() - start, 1)} \

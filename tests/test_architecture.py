@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "conformance"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the package", ("conformance",)),  # its __init__ imports nothing
     ("the library model", ("conformance.emulation",)),
-    ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors")),
+    ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors", "conformance.tools")),
     ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants",
                    "conformance.integrations", "conformance.serve")),
     ("controller foundations", ("conformance.oracle", "conformance.strategies", "conformance.canonical",

@@ -48,6 +48,10 @@ class RunConfig:
     remote_nodes: int = 0
     world_token_file: str | None = None
     node_wait_s: float = 300.0
+    #: The shape vocabulary draws snap to (``conformance.strategies.vocabulary``: ``jit``), or ``None``: drawn freely.
+    shapes: str | None = None
+    #: Compile the vocabulary's kernels before the first property (``conformance.harness.jit``).
+    warm_up: bool = False
 
     @property
     def world_size(self) -> int:
@@ -65,4 +69,6 @@ class RunConfig:
             args += f" --deep-ep {self.deep_ep}"
         if self.mutant:
             args += f" --mutant {self.mutant}"
+        if self.shapes:
+            args += f" --shapes {self.shapes}"
         return args

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from conformance.harness.faults import BudgetExhausted, describe_cause
+from conformance.harness.faults import BudgetExhausted, KnownDefectStop, describe_cause
 from conformance.properties import NotApplicable, Property
 from conformance.world.errors import RankFailure
 
@@ -108,10 +108,10 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
     started = time.monotonic()
     drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
                        database=database, report_multiple_bugs=False)
-    strategy = prop.strategy(config.shape)
+    strategy, explicit = shaped(prop, config)
     body = drawing(given(case=strategy)(check_one))
 
-    for case in reversed(prop.explicit(config.shape) if prop.explicit else []):
+    for case in reversed(explicit):
         body = example(case=case)(body)
     if config.seed is not None:
         body = seed(config.seed)(body)
@@ -136,6 +136,28 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
+    except KnownDefectStop as stopped:  # the verdicts stand as counted; the report says why it stopped early
+        recorder.stopped = str(stopped)
+
+
+def shaped(prop: Property, config: Any) -> tuple[Any, list[Any]]:
+    """``prop``'s strategy and explicit cases on the run's shape vocabulary (``--shapes``): snapped to its shapes
+    unless the property draws freely (``Property.shapes``); the vocabulary is also the one this process's draws
+    consult (the call sequences' state machine)."""
+    from conformance.strategies import vocabulary
+
+    strategy = prop.strategy(config.shape)
+    explicit = prop.explicit(config.shape) if prop.explicit else []
+    # only where a V2 backend (the API whose kernels are compiled per shape) takes the property
+    v2_checked = "v2" in prop.apis and any(b.api == "v2" and not b.lacks(prop.needs) for b in config.backends)
+    chosen = vocabulary.named(config.shapes) if prop.shapes != "free" and v2_checked else None
+    vocabulary.use(chosen)
+    if chosen is None or prop.shapes == "own":  # "own": the strategy reads the vocabulary itself
+        return strategy, explicit
+    small = prop.shapes == "small"
+    strategy = strategy.map(lambda case: vocabulary.snap(case, chosen, small)).filter(vocabulary.valid)
+    return strategy, [snapped for snapped in (vocabulary.snap(case, chosen, small) for case in explicit)
+                      if vocabulary.valid(snapped)]
 
 
 def _more_rounds(config: Any, started: float) -> Any:

@@ -109,3 +109,18 @@ class FaultBudget:
                 f"found so far is reported (shrinking stopped at the budget). Last failure: {failure}",
                 case, self.last_cause,
             )
+
+
+#: After this many examples on which one known defect retired the world (a crash, a sticky CUDA error), a property
+#: stops drawing: every further example would cost a world restart to show the same known defect again.
+KNOWN_DEFECT_RESTARTS = 2
+
+
+class KnownDefectStop(BaseException):  # noqa: N818 - an outcome; a BaseException so that Hypothesis lets it through
+    """A known defect that kills the world was seen on :data:`KNOWN_DEFECT_RESTARTS` examples: the property ends
+    there, its verdicts as counted (the known defect, and whatever held before)."""
+
+    def __init__(self, defect_id: str, examples: int) -> None:
+        super().__init__(f"known defect {defect_id} retired the world on {examples} examples: the property stops "
+                         f"drawing (each further example would restart the world to show it again)")
+        self.defect_id = defect_id

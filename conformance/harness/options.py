@@ -93,6 +93,14 @@ OPTIONS: tuple[Option, ...] = (
            "--token-file (default: a random token nobody else learns)", str, None, "FILE"),
     Option("--node-wait", "seconds a world start waits for the remote nodes before failing (default 300)", float,
            300.0, "S"),
+    Option("--shapes", "the shapes examples are drawn with: free, jit (a bounded vocabulary of hidden / top-k / "
+           "experts / pinned maximum / alignment, so that DeepEP V2's JIT compiles each kernel once: python -m "
+           "conformance.strategies.vocabulary lists it), or auto: jit where a backend compiles per shape (the real V2, "
+           "or a plug-in / class backend over it), else free (default auto)", str, "auto", "MODE"),
+    Option("--warm-up", "auto: where a backend compiles per shape and the run draws on the jit vocabulary, compile its "
+           "kernels before the first property, in small runs side by side (conformance.harness.jit); off (default "
+           "auto; on: wherever the run draws on a vocabulary, also over the emulation)", str, "auto", "MODE",
+           ("auto", "on", "off")),
     Option("--write-baseline", "also write this run's conformance.json to FILE, for a later --baseline (refused "
            "for a partial run unless --allow-partial)", str, None, "FILE"),
 )
@@ -348,6 +356,22 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
     rank_env[DEEP_EP_ENV] = deep_ep or ""  # resolved here; the ranks never see "auto" (nor an inherited value)
     seed = v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32)
+    compiles_per_shape = [b.name for b in named if b.api == "v2" and b.real]
+    from conformance.strategies.vocabulary import named as vocabulary_named
+
+    try:
+        shapes = {"free": None, "auto": "jit" if compiles_per_shape else None}.get(v["shapes"], v["shapes"])
+        vocabulary_named(shapes)
+    except (IndexError, ValueError):
+        shapes = "?"
+    if shapes == "?" or (shapes and vocabulary_named(shapes) is None):
+        raise SetupError(f"--shapes must be auto, free or jit (jit:N: its shape N alone), got {v['shapes']!r}")
+    from conformance.harness.jit import rank_env as jit_env
+
+    rank_env.update(jit_env(bool(compiles_per_shape), v["report_dir"]))
+    if v["shapes"] == "auto" and shapes:
+        notes.append(f"--shapes auto chose the jit vocabulary: {', '.join(compiles_per_shape)} compile(s) a kernel "
+                     f"per new shape (python -m conformance.strategies.vocabulary lists the shapes)")
     return RunConfig(
         shape=shape,
         backends=tuple(named),
@@ -373,4 +397,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         remote_nodes=v["remote_nodes"],
         world_token_file=v["world_token_file"],
         node_wait_s=v["node_wait"],
+        shapes=shapes,
+        warm_up=bool(shapes and ":" not in shapes and (v["warm_up"] == "on" or v["warm_up"] == "auto"
+                                                       and compiles_per_shape)),
     )

@@ -53,6 +53,8 @@ class ConformanceRun:
         self.document: dict[str, Any] | None = None
         self.baseline: dict[str, Any] | None = None
         self.session: Any = None
+        #: What the JIT warm-up did (``conformance.harness.jit.warm_up``), once it ran.
+        self.warm_up: dict[str, Any] | None = None
         self._sigterm_installed = False
         values = option_values(config.option)
         seed_note = None
@@ -151,6 +153,8 @@ class ConformanceRun:
                  f"rank(s) on {run.device}; seed {run.seed}; max examples {run.max_examples}"
                  + (f", rounds of them for {run.time_budget_s:g} s per property (--time-budget)"
                     if run.time_budget_s else "")]
+        lines.append("conformance: shapes " + (f"{run.shapes} (the bounded vocabulary: python -m "
+                                               f"conformance.strategies.vocabulary)" if run.shapes else "free"))
         engine = describe_engine(run.rdzv_endpoint, run.shape, run.remote_nodes, device=run.device)
         lines.append(f"conformance: launcher {engine['launcher']}; rendezvous {engine['rendezvous']}")
         return lines + [f"conformance: {note}" for note in run.notes]
@@ -164,6 +168,10 @@ class ConformanceRun:
             self.session = Session(self.run)
         session = self.session
         session.on_progress = self._progress
+        if self.run.warm_up and self.warm_up is None:
+            from conformance.harness.jit import warm_up
+
+            self.warm_up = warm_up(self.run, self.report_dir, lambda line: self._write_progress(line, live=True))
         try:
             yield session
         finally:
@@ -220,9 +228,16 @@ class ConformanceRun:
                                     if self.run.time_budget_s else
                                     f"(at most {self.run.max_examples} drawn, plus shrinking)"))
 
-    def _write_progress(self, line: str, **style: bool) -> None:
+    def _write_progress(self, line: str, live: bool = False, **style: bool) -> None:
+        """A progress line on the terminal (``live``: now, past pytest's output capture of a running test)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and self.config.get_verbosity() > -2:
+        if reporter is None or self.config.get_verbosity() <= -2:
+            return
+        capture = self.config.pluginmanager.get_plugin("capturemanager") if live else None
+        if capture is None:
+            reporter.write_line(line, **style)
+            return
+        with capture.global_and_fixture_disabled():
             reporter.write_line(line, **style)
 
     def _running(self) -> list[str]:
@@ -284,6 +299,18 @@ class ConformanceRun:
                 + (f"; running: {'; '.join(running)}" if running else ""),
                 red=entry.status == "failed")
 
+    def _jit(self) -> dict[str, Any] | None:
+        """The run's JIT: its compile log (where the ranks logged one) and the warm-up."""
+        from conformance.harness.jit import LOG_ENV, summary
+
+        log = self.run.rank_env.get(LOG_ENV)
+        if not log:
+            return None
+        wall = time.monotonic() - self.started
+        out = summary(log, time.time() - wall, wall)
+        out["warm_up"] = self.warm_up
+        return out
+
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
         """Ctrl-C or SIGTERM, wherever it landed (an example, a world start, between properties): this process's
         world is killed now, before the fixtures' teardown would shut it down cleanly (seconds under load)."""
@@ -316,6 +343,7 @@ class ConformanceRun:
 
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop)
         self.document = finish_run(self.report_dir, self.run, self.entries, time.monotonic() - self.started,
+                                   jit=self._jit(),
                                    baseline=self.baseline, interrupted=interrupted,
                                    allow_partial=bool(self.config.option.allow_partial),
                                    write_baseline=self.write_baseline,

@@ -16,7 +16,7 @@ from conformance.core.example import Example
 from conformance.core.spec import CAPABILITIES, compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
-from conformance.harness.faults import FaultBudget, cause_of
+from conformance.harness.faults import KNOWN_DEFECT_RESTARTS, FaultBudget, KnownDefectStop, cause_of
 from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
 from conformance.harness.verdicts import Tally
 from conformance.properties import NotApplicable, Property, by_id
@@ -43,9 +43,15 @@ class Recorder:
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts of the check it cannot take
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove (construction preflight)
     distinct: set[str] = field(default_factory=set)  # the distinct cases checked
+    #: the distinct (hidden, top-k, experts, pinned maximum, alignment) of the examples checked: the template
+    #: arguments a JIT compiles for (``--shapes``)
+    shapes: set[tuple[int, int, int, int, int]] = field(default_factory=set)
     tally: Tally = field(default_factory=Tally)  # per backend / pair: examples checked, held, excluded, failed
     known_defects: dict[str, dict[str, Any]] = field(default_factory=dict)  # entry id -> what this property saw
     first_failure_at: int | None = None  # examples checked when the first one failed (1: the first one did)
+    #: known-defect id -> examples on which it retired the world (a crash, a CUDA fault)
+    world_retiring_defects: dict[str, int] = field(default_factory=dict)
+    stopped: str | None = None  # why the property stopped drawing early (KnownDefectStop)
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
     #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
     #: for this property (``backends.tracing``; collected at its end: :meth:`Session.collect_api_calls`)
@@ -68,9 +74,11 @@ class Recorder:
             "not_checked": self.not_checked,
             "seen": self.seen,
             "distinct_examples": len(self.distinct),
+            "shapes": sorted(self.shapes),
             "verdicts": self.tally.as_dict(),
             "known_defects": self.known_defects,
             "first_failure_at": self.first_failure_at,
+            "stopped": self.stopped,
             "failure_detail": self.failure_detail,
             "api_calls": calls_as_json(self.api_calls),
             "wall_s": round(time.monotonic() - self.started, 3),
@@ -82,6 +90,17 @@ class Recorder:
         seen[outcome] += 1
         if outcome == "failed" and seen["example"] is None:
             seen["example"], seen["message"] = case.to_json(), message[:2000]
+
+
+def examples_in(case: Any) -> list[Example]:
+    """The examples a case dispatches (a call sequence: its steps')."""
+    from conformance.core.cases import example_of
+
+    steps = getattr(case, "steps", None)
+    if steps is not None:
+        return [step.example for step in steps if getattr(step, "example", None) is not None]
+    example = example_of(case)
+    return [example] if example is not None else []
 
 
 class Session:
@@ -100,6 +119,7 @@ class Session:
         self._broken: dict[str | None, dict[str, dict[str, Any]]] = {}  # mutant -> backend -> cause
         self.seen: dict[str, Any] = {}  # backend -> which deep_ep it drove on rank 0 (construction preflight)
         self.known_defects: KnownDefects = known_defects_of(config)
+        self._memo: dict[tuple[Any, ...], list[Any]] = {}  # (property, settings, case) -> results (Property.memo)
         #: Called after every example with (property id, examples so far): the run's progress reporting.
         self.on_progress: Callable[[str, int], None] | None = None
 
@@ -190,10 +210,13 @@ class Session:
         recorder.examples += 1
         recorder.last_example = case
         recorder.distinct.add(case.to_json())
+        for example in examples_in(case):
+            recorder.shapes.add((example.hidden, example.num_topk, example.num_experts,
+                                 example.num_max_tokens_per_rank, example.expert_alignment))
         tally = recorder.tally
         tally.start(settings.names, self.pairs(settings.names))
         try:
-            prop.check(self, case, self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s))
+            prop.check(self, case, self._results(prop, settings, case))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
             blame = self._blame(failure, settings.names)
             message = str(failure)
@@ -201,6 +224,11 @@ class Session:
             if entry is not None:
                 tally.known_defect(blame, entry.id)
                 recorder.known_defect_seen(entry, case, "failed", message)
+                if isinstance(failure, RankFailure) and not failure.in_step:
+                    seen = recorder.world_retiring_defects[entry.id] = recorder.world_retiring_defects.get(entry.id,
+                                                                                                          0) + 1
+                    if seen >= KNOWN_DEFECT_RESTARTS:
+                        raise KnownDefectStop(entry.id, seen) from None
                 return
             tally.failed(blame)
             self._note_failure(failure)
@@ -213,6 +241,16 @@ class Session:
         for entry in self.known_defects.reached(property_id, checked, case):
             recorder.known_defect_seen(entry, case, "held")
         tally.held()
+
+    def _results(self, prop: Property, settings: TaskSettings, case: Any) -> list[Any]:
+        """The per-rank results of ``prop``'s task on ``case`` (a ``memo`` property: once per case and property)."""
+        if not prop.memo:
+            return self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s)
+        key = (prop.id, settings, case.to_json())
+        if key not in self._memo:
+            self._memo = {k: v for k, v in self._memo.items() if k[0] == prop.id}  # one property's at a time
+            self._memo[key] = self.world.run(prop.task, settings, case, timeout=self.config.example_timeout_s)
+        return self._memo[key]
 
     def _blame(self, failure: BaseException, backends: tuple[str, ...]) -> tuple[str, ...]:
         """Who a failure is charged to: a rank failure to the backend whose library call it was in, a failed

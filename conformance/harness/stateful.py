@@ -18,6 +18,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import get_state_machine_test
 
 from conformance.properties import Property
+from conformance.strategies import vocabulary
 from conformance.world.errors import RankFailure, RankRaised
 
 #: Steps per sequence in the pytest run (Hypothesis' ``stateful_step_count``).
@@ -88,6 +89,9 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
             test._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
     explicit = prop.explicit(config.shape) if prop.explicit else []
+    chosen = vocabulary.active()  # the run's shape vocabulary (set by the driver): the explicit sequences on it too
+    if chosen is not None:
+        explicit = [vocabulary.snap(case, chosen, prop.shapes == "small") for case in explicit]
 
     def explicit_then_drawn() -> None:
         """The property's explicit sequences first, step by step as the machine runs them (as ``@example``

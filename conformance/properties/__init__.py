@@ -92,6 +92,10 @@ class Property:
             rank task; ``strategy`` / ``task`` / ``check`` still take whole cases (replays, the kill matrix).
         configured: ``configured(run config) -> [case, ...]`` (checked in the pytest run instead of drawn cases) or
             a string: why the property is skipped in this run (a mode switched on by an option, like ``--soak``).
+        shapes: how its cases meet a run's shape vocabulary (``--shapes``, :mod:`conformance.strategies.vocabulary`):
+            ``all`` (snapped to the vocabulary's shapes), ``small`` (to its first shape: call semantics on small
+            examples), ``own`` (its strategy reads the vocabulary itself: ``vocabulary.active()``) or ``free``
+            (never snapped: fixed sizes).
     """
 
     id: str
@@ -106,6 +110,10 @@ class Property:
     runs_when_broken: bool = False
     stateful: Stateful | None = None
     configured: Callable[[Any], list[Any] | str] | None = None
+    shapes: str = "all"
+    #: The rank task's results depend on the case alone and a case costs seconds (fresh processes): a case checked
+    #: again in the same property (Hypothesis' replay of a failure) reuses the results instead of running it again.
+    memo: bool = False
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
     @property
@@ -140,6 +148,18 @@ def catalog() -> dict[str, Property]:
         if module.name.startswith("test_p"):
             importlib.import_module(f"{__name__}.{module.name}")
     return dict(sorted(_REGISTRY.items(), key=lambda item: (item[1].number, item[0])))
+
+
+def module_files() -> dict[str, str]:
+    """``{property id: the file of its module}`` (what a pytest run names to select it)."""
+    out = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("test_p"):
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            prop = getattr(module, "PROPERTY", None)
+            if isinstance(prop, Property) and module.__file__:
+                out[prop.id] = module.__file__
+    return out
 
 
 def by_id(property_id: str) -> Property:

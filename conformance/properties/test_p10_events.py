@@ -109,6 +109,6 @@ PROPERTY = register(Property(
     title="async + wait = sync; previous_event orders communication (dispatch, combine, V1 layout); V2 refuses it "
           "without allocate_on_comm_stream=True; EventOverlap waits on exit, runs its hook after the wait, releases "
           "its event on request; V2 barrier orders every rank",
-    strategy=sized(small_examples), task=event_results, check=check, needs=("events",),
+    strategy=sized(small_examples), task=event_results, check=check, needs=("events",), shapes="small",
 ))
 test_events = PROPERTY.test

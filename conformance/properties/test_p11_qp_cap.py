@@ -148,6 +148,6 @@ PROPERTY = register(Property(
           "formulas, over-asking fails before communicating, combine num_sms=0 reuses the handle, pinned "
           "num_max_tokens_per_rank (a preflight reports disagreeing ranks)",
     strategy=sized(qp_cases), task=qp_results, check=check, case_type=QpCase, apis=("v2",),
-    needs=("qp_cap",),
+    needs=("qp_cap",), shapes="small",
 ))
 test_qp_cap = PROPERTY.test

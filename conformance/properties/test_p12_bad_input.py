@@ -77,6 +77,6 @@ PROPERTY = register(Property(
     title="bad calls (one per refusal of the library, from the refusal table) raise the library's exception on "
           "every rank, nothing hangs, the valid neighbour passes, the next valid call is correct",
     strategy=bad_call_cases, task=bad_call_results, check=check, case_type=BadCallCase, explicit=bad_call_sweep,
-    needs=("bad_input",),
+    needs=("bad_input",), shapes="own",
 ))
 test_bad_input = PROPERTY.test

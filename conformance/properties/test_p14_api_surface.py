@@ -39,6 +39,6 @@ PROPERTY = register(Property(
     id="P14-api-surface",
     title="import probe and method signatures against a snapshot of the real API",
     strategy=sized(api_surface_cases), task=surfaces, check=check, case_type=ApiSurfaceCase,
-    needs=("api_surface",), runs_when_broken=True,
+    needs=("api_surface",), runs_when_broken=True, shapes="free",
 ))
 test_api_surface = PROPERTY.test

@@ -153,6 +153,6 @@ PROPERTY = register(Property(
           "caller's tensor), do_zero_padding zeroes the expand padding, cumulative_local_expert_recv_stats accumulates "
           "the oracle's counts",
     strategy=sized(dispatch_option_examples), task=dispatch_option_runs, check=check, apis=("v2",),
-    needs=("dispatch_options", "expand", "cached_dispatch", "combine"),
+    needs=("dispatch_options", "expand", "cached_dispatch", "combine"), shapes="small",
 ))
 test_dispatch_options = PROPERTY.test

@@ -122,6 +122,6 @@ PROPERTY = register(Property(
           "rank rounding or one), prefer_overlap_with_compute changes no byte, get_buffer_size_hint (every option) "
           "= the library's formula and the buffer's size",
     strategy=sized(buffer_option_cases), task=buffer_option_combine, check=check, case_type=BufferOptionsCase,
-    apis=("v2",), needs=("buffer_options", "combine"),
+    apis=("v2",), needs=("buffer_options", "combine"), shapes="small",
 ))
 test_buffer_options = PROPERTY.test

@@ -86,6 +86,6 @@ PROPERTY = register(Property(
     title="V2 previous_event_before_epilogue (dispatch and combine): the epilogue waits for the event's compute, no "
           "allocate_on_comm_stream needed; a wrong event type is the table's refusal",
     strategy=sized(epilogue_examples), task=epilogue_event_runs, check=check, apis=("v2",),
-    needs=("epilogue_events", "events", "combine"),
+    needs=("epilogue_events", "events", "combine"), shapes="small",
 ))
 test_epilogue_events = PROPERTY.test

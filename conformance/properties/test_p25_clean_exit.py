@@ -66,6 +66,7 @@ PROPERTY = register(Property(
     id="P25-clean-exit",
     title="after a backend's teardown (or its absence) and destroy_process_group(), every rank process exits "
           "cleanly: the wrapper's whole life, from a lazily built module-global buffer to the interpreter's exit",
-    strategy=sized(exit_cases), task=exit_checks, check=check, case_type=ExitCase,
+    strategy=sized(exit_cases), task=exit_checks, check=check, case_type=ExitCase, shapes="small",
+    memo=True,
 ))
 test_clean_exit = PROPERTY.test

@@ -272,5 +272,6 @@ PROPERTY = register(Property(
     explicit=explicit_sequences,
     needs=("combine", "cached_dispatch", "events", "bad_input"),
     stateful=Stateful(machine=sequence_machine, step_task=sequence_step, end_task=sequence_end, check_step=check_step),
+    shapes="small",
 ))
 test_call_sequences = PROPERTY.test

@@ -111,6 +111,6 @@ PROPERTY = register(Property(
     title="soak mode (--soak N): N repetitions of large dispatches and round trips are bitwise identical to the first, "
           "which equals the oracle; reports the corrupted-row rate",
     strategy=soak_cases, task=soak_repeats, check=check, case_type=SoakCase, needs=("combine",),
-    configured=configured,
+    configured=configured, shapes="free",
 ))
 test_soak = PROPERTY.test

@@ -78,6 +78,8 @@ class PropertyEntry:
     first_failure_at: int | None = None  # examples checked when the first one failed
     failure_detail: dict[str, Any] | None = None  # what differs, as data (assertions.Mismatch)
     rerun: str | None = None  # pytest command: same seed, same example database (the counterexample comes first)
+    shapes: list[Any] = field(default_factory=list)  # the distinct [hidden, top-k, experts, pinned max, alignment]
+    stopped: str | None = None  # why the property stopped drawing early (a known defect that retires the world)
     blob: str | None = None  # Hypothesis' @reproduce_failure(...) line, when Hypothesis printed one
     api_calls: dict[str, Any] = field(default_factory=dict)  # "Class.method" -> what its calls gave (api_coverage)
 
@@ -156,6 +158,8 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         divergence_examples=recorded.get("divergence_examples", {}),
         first_failure_at=recorded.get("first_failure_at"),
         api_calls=recorded.get("api_calls") or {},
+        shapes=recorded.get("shapes") or [],
+        stopped=recorded.get("stopped"),
     )
     if report.failed:
         entry.message = _failure_message(report)
@@ -285,6 +289,17 @@ def _failure_message(report: Any) -> str:
     return text.replace("conformance.assertions.Mismatch: ", "AssertionError: ", 1)[:4000]
 
 
+def shapes_entry(config: RunConfig) -> dict[str, Any]:
+    """Which shape vocabulary the run drew on (``--shapes``), and its shapes."""
+    from conformance.strategies.vocabulary import named
+
+    vocabulary = named(config.shapes)
+    if vocabulary is None:
+        return {"vocabulary": "free", "shapes": None}
+    return {"vocabulary": vocabulary.name, "description": vocabulary.describe(),
+            "shapes": [list(vars(s).values()) for s in vocabulary.shapes]}
+
+
 def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> dict[str, Any]:
     """The report header: versions, which backends are real, the world shape, the seed."""
     real = probes.get("deep_ep") or {}
@@ -304,6 +319,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "mutant": config.mutant,
         "known_defects": _known_defects_path(config),
         "notes": list(config.notes),
+        "shapes": shapes_entry(config),
         "command": " ".join(shlex.quote(a) for a in sys.argv),
     }
 
@@ -493,6 +509,7 @@ def finish_run(
     allow_partial: bool = False,
     write_baseline: str | None = None,
     emulation_probe: dict[str, Any] | None = None,
+    jit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build, gate and write the run's report (controller, end of the session); store it as a baseline at
     ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set.
@@ -511,6 +528,8 @@ def finish_run(
             backend["deep_ep_seen"] = seen
     document = build_document(env, entries, wall_s, catalog_ids, interrupted=interrupted,
                               known_defects=known_defects_section(config, entries, catalog_ids))
+    if jit is not None:
+        document["jit"] = jit
     if baseline is not None:
         gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
         if not document["complete"] and not allow_partial:
@@ -564,6 +583,18 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
                           + (f" ({entry['failed']} example(s))" if entry["status"] == "known-defect" else
                              f" - {entry['why']}"), {"yellow": True} if entry["status"] == "fixed" else {}))
     lines += [(line, {"bold": True}) for line in migration_summary(document)]
+    jit = document.get("jit")
+    if jit:
+        warm = jit.get("warm_up") or {}
+        lines.append((f"JIT: {jit['kernels']} kernels compiled ({jit['compiles']} compiles, {jit['compile_s']} s), "
+                      f"busy {jit['busy_s']} s of the run's {jit['wall_s']} s ({(jit['share'] or 0) * 100:.0f} %)"
+                      + (f"; warm-up {warm['wall_s']} s ({len(warm['jobs'])} runs, {warm['side_by_side']} side by side)"
+                         if warm else ""), {}))
+    shapes = {tuple(s) for p in document["properties"] for s in p.get("shapes") or []}
+    if shapes:
+        drawn = document["environment"].get("shapes") or {}
+        lines.append((f"shapes: {drawn.get('vocabulary', 'free')}, {len(shapes)} distinct (hidden, top-k, experts, "
+                      f"pinned maximum, alignment) over the run", {}))
     ran = [p for p in document["properties"] if p["status"] != "not-run"]
     slowest = sorted(ran, key=lambda p: -p["wall_s"])[:3]
     if slowest:
@@ -674,6 +705,7 @@ def markdown(document: dict[str, Any]) -> str:
         f"- torch {env['torch']}, deep_ep {env['deep_ep']}, seed {env['seed']}"
         + (f", mutant {env['mutant']}" if env.get("mutant") else ""),
         f"- known defects: {env.get('known_defects') or 'none'}",
+        f"- shapes: {(env.get('shapes') or {}).get('description') or 'drawn freely'}",
         f"- {summary['total']} property tests: "
         + ", ".join(f"{summary[s]} {s}" for s in STATUSES if summary.get(s)) + f" ({document['wall_s']} s)",
         "",

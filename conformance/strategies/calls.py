@@ -1,8 +1,9 @@
 """Strategies for P10 (events), P11 (QP cap), P12 (bad calls, from the refusal table) and P14 (API surface).
 
 Examples stay small (hidden 128/256, at most 16 or 64 tokens per rank): these properties are about call
-semantics, not sizes.  Hidden 128 is kept so that the V2 combine limit is reached, but drawn last and least
-often (V2 rejects it in P10's combine; see :mod:`conformance.strategies.combine`).
+semantics, not sizes.  Hidden 128 is kept so that the V2 combine limit is reached, but drawn last and in one case of
+five (V2 rejects it in P10's combine: no property spends a quarter of its examples on a known limit; see
+:mod:`conformance.strategies.combine`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from hypothesis import strategies as st
 from conformance.backends.limits import known_limit
 from conformance.core.cases import ApiSurfaceCase, BadCallCase, QpCase, p12_rows
 from conformance.core.example import Example
-from conformance.strategies import examples
+from conformance.strategies import examples, vocabulary
 from conformance.tasks import bad_calls
 
-SMALL_HIDDEN = (256, 256, 128)
+SMALL_HIDDEN = (256, 512, 256, 512, 128)  # 128 (V2 combine's known limit) in one draw of five
 SMALL_MAX_TOKENS = (16, 64)
 #: Explicit dispatch SM counts (0 = automatic); all even and within an H200's 132 SMs.
 DISPATCH_NUM_SMS = (0, 4, 8, 16, 24, 32)
@@ -77,6 +78,19 @@ def sweep_examples(world_size: int) -> list[Example]:
             dataclasses.replace(base, hidden=128)]
 
 
+@st.composite
+def sweep_shaped(draw: st.DrawFn, world_size: int) -> Example:
+    """An example of one of the sweep's shapes (:func:`sweep_examples`), its tokens, routing, masks and payload
+    drawn."""
+    base = draw(st.sampled_from(sweep_examples(world_size)), label="sweep shape")
+    drawn = draw(small_examples(world_size), label="example")
+    return dataclasses.replace(drawn, hidden=base.hidden, num_topk=base.num_topk, num_experts=base.num_experts,
+                               expert_alignment=base.expert_alignment,
+                               num_max_tokens_per_rank=base.num_max_tokens_per_rank,
+                               tokens_per_rank=tuple(min(t, base.num_max_tokens_per_rank)
+                                                     for t in drawn.tokens_per_rank))
+
+
 def bad_call_sweep(world: Any) -> list[BadCallCase]:
     """Every P12 row, once, in cases of up to :data:`SWEEP_ROWS_PER_CASE` rows (P12's explicit cases): each row's
     bad call and neighbour are made on every run, not only when drawn."""
@@ -95,8 +109,10 @@ def bad_call_cases(draw: st.DrawFn, world: Any) -> BadCallCase:
     every row's recipe accepts on this world."""
     names = p12_rows_for(world)
     rows = draw(st.lists(st.sampled_from(names), min_size=1, max_size=MAX_ROWS_PER_CASE, unique=True), label="rows")
-    example = draw(small_examples(world.size).filter(lambda ex: all(row_applies(rid, ex, world) for rid in rows)),
-                   label="example")
+    # On a shape vocabulary (--shapes jit): the sweep's few shapes only, with the other fields drawn (the sweep makes
+    # every row's call with one of them: their kernels are the ones compiled anyway)
+    examples = small_examples(world.size) if vocabulary.active() is None else sweep_shaped(world.size)
+    example = draw(examples.filter(lambda ex: all(row_applies(rid, ex, world) for rid in rows)), label="example")
     case = BadCallCase(example=example, rows=tuple(rows))
     case.validate()
     return case

@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from conformance.core.cases import SequenceCase, Step
 from conformance.core.example import ROUTINGS, Example
+from conformance.strategies import vocabulary
 
 #: Buffer shapes a sequence is drawn with (hidden 128 is left out: V2's combine rejects it, a known limit P5 covers).
 SEQUENCE_HIDDEN = (256, 512)
@@ -121,7 +122,8 @@ def draw_example(draw: Draw, model: SequenceModel) -> Example:
                            max_size=case.world_size), label="tokens_per_rank")
     example = Example(
         tokens_per_rank=tuple(tokens), hidden=case.hidden, num_topk=case.num_topk, num_experts=case.num_experts,
-        expert_alignment=draw(st.sampled_from(SEQUENCE_ALIGNMENTS), label="expert_alignment"),
+        expert_alignment=draw(st.sampled_from(SEQUENCE_ALIGNMENTS), label="expert_alignment")
+        if vocabulary.active() is None else vocabulary.active().shapes[0].expert_alignment,
         routing=draw(st.sampled_from(ROUTINGS), label="routing"),
         mask_ratio=draw(st.sampled_from(SEQUENCE_MASK_RATIOS), label="mask_ratio"),
         payload=draw(st.sampled_from(SEQUENCE_PAYLOADS), label="payload"),
@@ -165,12 +167,15 @@ def draw_step(draw: Draw, model: SequenceModel, op: str) -> Step:
 
 
 def draw_shape(draw: Draw, world_size: int) -> SequenceCase:
-    """The buffers' shape: hidden, top-k, experts, pinned maximum."""
+    """The buffers' shape: hidden, top-k, experts, pinned maximum (the shape vocabulary's small shape when a run
+    draws on one: ``conformance.strategies.vocabulary``)."""
     experts_per_rank = draw(st.integers(1, 4), label="experts_per_rank")
     num_experts = experts_per_rank * world_size
-    return SequenceCase(world_size=world_size, hidden=draw(st.sampled_from(SEQUENCE_HIDDEN), label="hidden"),
+    case = SequenceCase(world_size=world_size, hidden=draw(st.sampled_from(SEQUENCE_HIDDEN), label="hidden"),
                         num_topk=draw(st.integers(1, min(4, num_experts)), label="num_topk"), num_experts=num_experts,
                         num_max_tokens_per_rank=draw(st.sampled_from(SEQUENCE_MAX_TOKENS), label="max_tokens"))
+    chosen = vocabulary.active()
+    return case if chosen is None else vocabulary.sequence_shape(case, chosen)
 
 
 def finishing_steps(model: SequenceModel) -> list[Step]:

@@ -1,0 +1,187 @@
+"""DeepEP V2's JIT: the compile log of a run, its warm-up before the first property, and their share of the wall time.
+
+**The log.** Where a backend compiles per shape (the real V2, or a plug-in / class backend over it), the ranks get
+``EP_JIT_NVCC_COMPILER`` = :mod:`conformance.tools.nvcc_timed` (the real ``nvcc``, timed: one JSON line per compile
+in ``<report dir>/jit.log``; a user's own ``EP_JIT_NVCC_COMPILER`` is left alone) and keep the library's own
+``EP_JIT_CACHE_DIR`` (a persistent one makes a second run compile nothing: docs/ci).  :func:`summary` reads the log:
+kernels compiled, compile seconds, the wall seconds during which at least one compile ran, and that share of the
+run's wall time.
+
+**The warm-up** (``--warm-up auto``: on where a backend compiles per shape and the run draws on a shape vocabulary).
+Before the first property, the vocabulary's kernels are compiled by running the properties that use them on each
+vocabulary shape, a few examples each, in several small pytest runs side by side (each its own 2-rank world; on one
+GPU all of them share it, on several each takes its own), every one writing into the same kernel cache.  A kernel
+compiles in one process at a time (each call of the JIT is synchronous), so the side-by-side runs are what make the
+compiles concurrent; the run proper then finds its kernels in the cache.  Their verdicts are not the run's (the
+run checks every property again); a warm-up run that fails only costs compiles later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: The log's file name in the report directory.
+LOG = "jit.log"
+#: The environment variable naming the log (inherited by the warm-up runs, which log into the parent's).
+LOG_ENV = "CONFORMANCE_JIT_LOG"
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "nvcc_timed.py"
+#: Properties whose kernels depend on the shape (on every vocabulary shape), split in two runs per shape; and those
+#: drawn on the small shape only (``Property.shapes == "small"``), on the first.
+ALL_SHAPES = (("P1-per-expert-payloads", "P5-combine", "P7-cached-dispatch", "P9-gradients"),
+              ("P8-expand-layout", "P13-determinism", "P18-fp8-payloads", "P19-worst-case"))
+SMALL_SHAPE = (("P10-events", "P11-qp-cap", "P20-dispatch-options"),
+               ("P21-buffer-options", "P22-epilogue-events", "P30-call-sequences"))
+#: Examples per property in a warm-up run (the draws reach the options that select other kernels).
+EXAMPLES = 3
+#: Warm-up runs side by side on a CPU (``--warm-up on`` over the emulation: the self-test of the machinery).
+CPU_SIDE_BY_SIDE = 2
+
+
+def rank_env(compiles: bool, report_dir: str) -> dict[str, str]:
+    """The environment the ranks need to log their compiles (nothing where no backend compiles per shape, or where
+    the user set ``EP_JIT_NVCC_COMPILER`` themselves)."""
+    if not compiles or os.environ.get("EP_JIT_NVCC_COMPILER"):
+        return {}
+    log = os.environ.get(LOG_ENV) or os.path.join(os.path.abspath(report_dir), LOG)
+    return {"EP_JIT_NVCC_COMPILER": str(TOOL), LOG_ENV: log}
+
+
+def read_log(path: str, since: float = 0.0) -> list[dict[str, Any]]:
+    """The compiles logged in ``path`` that started at or after ``since`` (epoch seconds)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("start", 0) >= since:
+            out.append(entry)
+    return out
+
+
+def busy_seconds(entries: list[dict[str, Any]]) -> float:
+    """Seconds during which at least one compile ran (the union of their intervals)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted((e["start"], e["end"]) for e in entries):
+        if stop <= end:
+            continue
+        total += stop - max(start, end)
+        end = stop
+    return total
+
+
+def summary(path: str, since: float, wall_s: float) -> dict[str, Any]:
+    """Kernels compiled (distinct instantiations, compiles: the ranks of a world compile the same kernel each),
+    compile seconds, busy seconds and their share of ``wall_s``."""
+    entries = [e for e in read_log(path, since) if e.get("kind", "cubin") == "cubin"]
+    busy = busy_seconds(entries)
+    kinds: dict[str, int] = {}
+    for kernel in {e.get("kernel", "") for e in entries}:
+        name = kernel.split("<", 1)[0] or "unknown"
+        kinds[name] = kinds.get(name, 0) + 1
+    return {"log": path, "compiles": len(entries), "kernels": len({e.get("kernel", "") for e in entries}),
+            "by_kernel": dict(sorted(kinds.items())),
+            "compile_s": round(sum(e["end"] - e["start"] for e in entries), 1),
+            "busy_s": round(busy, 1), "wall_s": round(wall_s, 1),
+            "share": round(busy / wall_s, 3) if wall_s > 0 else None,
+            "failed": sum(1 for e in entries if e.get("exit"))}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One warm-up run: the properties' test modules on one vocabulary shape."""
+
+    shape: int
+    properties: tuple[str, ...]
+
+    def describe(self, vocabulary: Any) -> str:
+        return f"shape {self.shape} ({vocabulary.shapes[self.shape].describe()}): {', '.join(self.properties)}"
+
+
+def jobs(vocabulary: Any) -> list[Job]:
+    """Every vocabulary shape with the shape-dependent properties, the first with the small-shape ones too."""
+    out = [Job(i, group) for i in range(len(vocabulary.shapes)) for group in ALL_SHAPES]
+    return out + [Job(0, group) for group in SMALL_SHAPE]
+
+
+def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> list[str]:
+    """The pytest command of one warm-up run (the run's backends that compile per shape, its world and set-up)."""
+    compiling = [b.name for b in config.backends if b.api == "v2" and b.real]
+    backends = compiling or [b.name for b in config.backends if b.api == "v2"]  # (--warm-up on, on the emulation)
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+            *[modules[p] for p in job.properties if p in modules], "--backends", ",".join(backends),
+            "--nodes", "1", "--ranks-per-node", str(config.shape.ranks_per_node), "--device", config.device,
+            "--rank-setup", config.rank_setup, "--shapes", f"{config.shapes}:{job.shape}", "--warm-up", "off",
+            "--max-examples", str(EXAMPLES), "--conformance-seed", str(config.seed or 0), "--report-dir", report_dir,
+            "--example-timeout", str(config.example_timeout_s), "--max-restarts", "1", "--known-defects", "none"]
+    return args + (["--deep-ep", config.deep_ep] if config.deep_ep else [])
+
+
+def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Run the warm-up jobs side by side (as many at once as the GPUs allow: all of them on a shared GPU); return
+    what each did and the warm-up's wall time."""
+    from conformance.properties import module_files
+    from conformance.strategies.vocabulary import named
+    from conformance.world.rank import die_with_parent
+
+    vocabulary = named(config.shapes)
+    modules = module_files()
+    todo = jobs(vocabulary)
+    per_world = config.shape.ranks_per_node
+    gpus = list(config.gpu_ids)
+    if config.device != "cuda":
+        slots: list[list[str]] = [[]] * CPU_SIDE_BY_SIDE
+    elif config.rank_setup == "shared":
+        slots = [gpus[:1]] * len(todo)
+    else:
+        slots = [gpus[i:i + per_world] for i in range(0, len(gpus) - per_world + 1, per_world)] or [gpus[:per_world]]
+    started = time.monotonic()
+    running: list[tuple[Job, subprocess.Popen, int, float]] = []
+    done: list[dict[str, Any]] = []
+    free = list(range(len(slots)))
+    queue = list(enumerate(todo))
+    base = os.path.join(os.path.abspath(report_dir), "warm-up")
+    progress(f"conformance: JIT warm-up: {len(todo)} small runs of the properties on the {vocabulary.name} shapes "
+             f"({min(len(slots), len(todo))} side by side), before the first property")
+    try:
+        while queue or running:
+            while queue and free:
+                index, job = queue.pop(0)
+                slot = free.pop(0)
+                env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(slots[slot]))
+                if LOG_ENV in config.rank_env:  # the warm-up's compiles go into the run's own log
+                    env[LOG_ENV] = config.rank_env[LOG_ENV]
+                env.pop("PYTEST_XDIST_WORKER", None)
+                proc = subprocess.Popen(command(job, config, os.path.join(base, f"job{index}"), modules), env=env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        preexec_fn=die_with_parent)
+                running.append((job, proc, slot, time.monotonic()))
+            time.sleep(0.5)
+            for entry in list(running):
+                job, proc, slot, began = entry
+                if proc.poll() is None:
+                    continue
+                running.remove(entry)
+                free.append(slot)
+                done.append({"job": job.describe(vocabulary), "exit": proc.returncode,
+                             "wall_s": round(time.monotonic() - began, 1)})
+                progress(f"conformance: JIT warm-up {len(done)}/{len(todo)} done: {job.describe(vocabulary)} in "
+                         f"{time.monotonic() - began:.0f} s (exit {proc.returncode})")
+    finally:  # an interrupted run leaves no warm-up run behind
+        for _, proc, _, _ in running:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}

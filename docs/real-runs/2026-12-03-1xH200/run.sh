@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The real-library runs of issues 24 and 25 on one H200 (two ranks sharing it), from the checkout on the accelerator
+# machine, with the kit copied into .deepep-kit (carried) and the seed PR's Megatron as .mcore/*.tar.xz (carried:
+# megatron-core 0.16.1 cp312 with ../shared/clients/megatron-seed-pr/fused_a2a-deepep-v2.patch applied).
+#
+#   PARTS="megatron catalog" T=270 bash docs/real-runs/2026-12-03-1xH200/run.sh
+#
+# Each part writes $OUT/<part>/{conformance.json,conformance.md,log.txt,jit.log} (and benchmark.json: catalog, warm;
+# the device tool brings back eight files per call).  Parts:
+#   megatron  megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2, 10 examples per property (issue 24)
+#   catalog   real-v1,real-v2,emulated-v1,emulated-v2, 25 examples per property, a cold JIT cache (issue 25), through
+#             python -m benchmarks --device cuda --only catalog --cold (the run and its figures);
+#             JITTAR=1 also packs the kernel cache into $OUT/jit-cache.tar.xz for the next call
+#   warm      the same with the kernel cache of .jitcache/jit-cache.tar.xz (carried) (issue 25's warm figure)
+# T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+source .deepep-kit/activate.sh || exit 1
+export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+T=${T:-540}
+mkdir -p /tmp/mcore /tmp/conformance-ep/deepep_conformance_ep-0.0.dist-info
+tar xJf .mcore/megatron-core-0.16.1-seed-pr-cp312.tar.xz -C /tmp/mcore || exit 1
+# the plug-ins' entry points, as an installed deepep-conformance registers them (the checkout is not installed here)
+printf 'Metadata-Version: 2.1\nName: deepep-conformance-ep\nVersion: 0.0\n' \
+  > /tmp/conformance-ep/deepep_conformance_ep-0.0.dist-info/METADATA
+printf '[deepep_conformance.backends]\nmegatron-fused-a2a-v1 = conformance.integrations.megatron:MegatronFusedA2AV1\nmegatron-fused-a2a-v2 = conformance.integrations.megatron:MegatronFusedA2AV2\n' \
+  > /tmp/conformance-ep/deepep_conformance_ep-0.0.dist-info/entry_points.txt
+export PYTHONPATH="$PWD:/tmp/mcore:/tmp/conformance-ep"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "from megatron.core.transformer.moe import fused_a2a as f; print('seed PR Megatron: HAVE_DEEP_EP_V2', f.HAVE_DEEP_EP_V2)"
+
+run_part() {  # name, then pytest arguments
+  local name=$1; shift
+  local dir=/tmp/reports-$name
+  rm -rf "$dir"; mkdir -p "$OUT/$name"
+  local started; started=$(date +%s)
+  timeout -s TERM -k 30 "$T" python3 -m pytest -p no:cacheprovider --rank-setup shared --device cuda --nodes 1 \
+      --report-dir "$dir" "$@" 2>&1 | tee "$OUT/$name/log.txt"
+  echo "part $name: wall $(( $(date +%s) - started )) s (exit ${PIPESTATUS[0]})" | tee -a "$OUT/$name/log.txt"
+  for f in conformance.json conformance.md jit.log; do [ -f "$dir/$f" ] && cp "$dir/$f" "$OUT/$name/"; done
+}
+
+for part in ${PARTS:-megatron}; do
+  case $part in
+    megatron)
+      export EP_JIT_CACHE_DIR=/tmp/jit-megatron
+      run_part megatron --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 --deep-ep real \
+        --max-examples 10 --conformance-seed 2403 ;;
+    catalog|warm)  # python -m benchmarks --device cuda --only catalog: the run and its figures
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog; rm -rf "$EP_JIT_CACHE_DIR"
+      cold=--cold; seed=2503
+      if [ "$part" = warm ]; then tar xJf .jitcache/jit-cache.tar.xz -C /tmp || exit 1; cold=; seed=2504; fi
+      mkdir -p "$OUT/$part"; rm -rf "/tmp/reports-$part"
+      python3 -m benchmarks --device cuda --only catalog $cold --jit-cache "$EP_JIT_CACHE_DIR" \
+        --catalog-report "/tmp/reports-$part" --catalog-limit "$T" --out "$OUT/$part/benchmark.json" \
+        --catalog-args "--rank-setup shared --device cuda --nodes 1 --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 25 --conformance-seed $seed" \
+        2>&1 | tee "$OUT/$part/log.txt"
+      for f in conformance.json conformance.md jit.log; do [ -f "/tmp/reports-$part/$f" ] && cp "/tmp/reports-$part/$f" "$OUT/$part/"; done
+      if [ "$part" = catalog ] && [ "${JITTAR:-0}" = 1 ]; then
+        tar cJf "$OUT/jit-cache.tar.xz" -C /tmp jit-catalog/cache && ls -la "$OUT"
+      fi ;;
+  esac
+done
