@@ -40,7 +40,13 @@ ALL_SHAPES = (("P1-per-expert-payloads", "P5-combine", "P7-cached-dispatch", "P9
 SMALL_SHAPE = (("P10-events", "P11-qp-cap", "P20-dispatch-options"),
                ("P21-buffer-options", "P22-epilogue-events", "P30-call-sequences"))
 #: Examples per property in a warm-up run (the draws reach the options that select other kernels).
-EXAMPLES = 3
+EXAMPLES = 2
+#: Seconds a warm-up run may take before it is stopped (its compiles come first; a run held up by a slow or hanging
+#: property must not hold up the run proper: what it did not compile compiles later, when needed).
+JOB_LIMIT_S = 150.0
+#: The file a finished warm-up leaves in the kernel cache: a later run on the same vocabulary, DeepEP and backends
+#: skips its warm-up (``--warm-up auto``): the kernels are there.
+MARKER = "conformance-warm-up.json"
 #: Warm-up runs side by side on a CPU (``--warm-up on`` over the emulation: the self-test of the machinery).
 CPU_SIDE_BY_SIDE = 2
 
@@ -129,9 +135,37 @@ def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> 
     return args + (["--deep-ep", config.deep_ep] if config.deep_ep else [])
 
 
+def cache_dir() -> Path:
+    """DeepEP's kernel cache (``EP_JIT_CACHE_DIR``, else ``~/.deep_ep``: csrc/jit/compiler.hpp)."""
+    return Path(os.environ.get("EP_JIT_CACHE_DIR") or Path.home() / ".deep_ep")
+
+
+def marker_for(config: Any) -> dict[str, Any]:
+    """What a warm-up marker says: the vocabulary, the DeepEP version, the backends that compiled."""
+    return {"vocabulary": config.shapes, "deep_ep": (config.deep_ep_probe or {}).get("version"),
+            "backends": sorted(b.name for b in config.backends if b.api == "v2" and b.real)}
+
+
+def warmed(config: Any) -> str | None:
+    """Why no warm-up is needed (the cache holds an earlier warm-up of this vocabulary, DeepEP and backends)."""
+    try:
+        found = json.loads((cache_dir() / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    want = marker_for(config)
+    if (found.get("vocabulary"), found.get("deep_ep")) == (want["vocabulary"], want["deep_ep"]) and \
+            set(want["backends"]) <= set(found.get("backends") or ()):
+        return f"the kernel cache {cache_dir()} was warmed for {want['vocabulary']} on deep_ep {want['deep_ep']}"
+    return None
+
+
 def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
     """Run the warm-up jobs side by side (as many at once as the GPUs allow: all of them on a shared GPU); return
-    what each did and the warm-up's wall time."""
+    what each did and the warm-up's wall time.  Skipped where the kernel cache is already warm (:func:`warmed`)."""
+    skip = warmed(config)
+    if skip:
+        progress(f"conformance: JIT warm-up skipped: {skip} (delete {cache_dir() / MARKER} to warm it again)")
+        return {"jobs": [], "wall_s": 0.0, "side_by_side": 0, "skipped": skip}
     from conformance.properties import module_files
     from conformance.strategies.vocabulary import named
     from conformance.world.rank import die_with_parent
@@ -171,6 +205,9 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
             time.sleep(0.5)
             for entry in list(running):
                 job, proc, slot, began = entry
+                if proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S:
+                    proc.kill()
+                    proc.wait()
                 if proc.poll() is None:
                     continue
                 running.remove(entry)
@@ -184,4 +221,11 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}
+    result = {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}
+    if config.device == "cuda":
+        try:
+            cache_dir().mkdir(parents=True, exist_ok=True)
+            (cache_dir() / MARKER).write_text(json.dumps({**marker_for(config), "jobs": done}, indent=1))
+        except OSError:
+            pass
+    return result

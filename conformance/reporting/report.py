@@ -588,7 +588,8 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
         warm = jit.get("warm_up") or {}
         lines.append((f"JIT: {jit['kernels']} kernels compiled ({jit['compiles']} compiles, {jit['compile_s']} s), "
                       f"busy {jit['busy_s']} s of the run's {jit['wall_s']} s ({(jit['share'] or 0) * 100:.0f} %)"
-                      + (f"; warm-up {warm['wall_s']} s ({len(warm['jobs'])} runs, {warm['side_by_side']} side by side)"
+                      + ("; warm-up skipped (the kernel cache is warm)" if warm.get("skipped") else
+                         f"; warm-up {warm['wall_s']} s ({len(warm['jobs'])} runs, {warm['side_by_side']} side by side)"
                          if warm else ""), {}))
     shapes = {tuple(s) for p in document["properties"] for s in p.get("shapes") or []}
     if shapes:

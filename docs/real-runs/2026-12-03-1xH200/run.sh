@@ -11,7 +11,9 @@
 #   catalog   real-v1,real-v2,emulated-v1,emulated-v2, 25 examples per property, a cold JIT cache (issue 25), through
 #             python -m benchmarks --device cuda --only catalog --cold (the run and its figures);
 #             JITTAR=1 also packs the kernel cache into $OUT/jit-cache.tar.xz for the next call
-#   warm      the same with the kernel cache of .jitcache/jit-cache.tar.xz (carried) (issue 25's warm figure)
+#   warm      the same with the kernel cache of .jitcache/jit-cache.tar.xz.part-* (carried; its warm-up marker makes
+#             the warm-up skip) (issue 25's warm figure)
+#   megatron-late  the wrapper's P13 and P25 on the kernel cache in place (after warm)
 # T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -39,7 +41,7 @@ run_part() {  # name, then pytest arguments
   timeout -s TERM -k 30 "$T" python3 -m pytest -p no:cacheprovider --rank-setup shared --device cuda --nodes 1 \
       --report-dir "$dir" "$@" 2>&1 | tee "$OUT/$name/log.txt"
   echo "part $name: wall $(( $(date +%s) - started )) s (exit ${PIPESTATUS[0]})" | tee -a "$OUT/$name/log.txt"
-  for f in conformance.json conformance.md jit.log; do [ -f "$dir/$f" ] && cp "$dir/$f" "$OUT/$name/"; done
+  for f in conformance.json conformance.md ${JITLOG-jit.log}; do [ -f "$dir/$f" ] && cp "$dir/$f" "$OUT/$name/"; done
 }
 
 for part in ${PARTS:-megatron}; do
@@ -48,18 +50,23 @@ for part in ${PARTS:-megatron}; do
       export EP_JIT_CACHE_DIR=/tmp/jit-megatron
       run_part megatron --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 --deep-ep real \
         --max-examples 10 --conformance-seed 2403 ;;
+    megatron-late)  # the wrapper's properties after P10 (run A was stopped in P11), on the kernel cache in place
+      JITLOG= run_part megatron-late --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 \
+        --deep-ep real --max-examples 10 --conformance-seed 2405 --warm-up off \
+        conformance/properties/test_p13_determinism.py conformance/properties/test_p25_clean_exit.py ;;
     catalog|warm)  # python -m benchmarks --device cuda --only catalog: the run and its figures
-      export EP_JIT_CACHE_DIR=/tmp/jit-catalog; rm -rf "$EP_JIT_CACHE_DIR"
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog; rm -rf "$EP_JIT_CACHE_DIR"  # (the warm part unpacks it again)
       cold=--cold; seed=2503
-      if [ "$part" = warm ]; then tar xJf .jitcache/jit-cache.tar.xz -C /tmp || exit 1; cold=; seed=2504; fi
+      if [ "$part" = warm ]; then cat .jitcache/jit-cache.tar.xz.part-* | tar xJf - -C /tmp || exit 1; cold=; seed=2504; fi
       mkdir -p "$OUT/$part"; rm -rf "/tmp/reports-$part"
       python3 -m benchmarks --device cuda --only catalog $cold --jit-cache "$EP_JIT_CACHE_DIR" \
         --catalog-report "/tmp/reports-$part" --catalog-limit "$T" --out "$OUT/$part/benchmark.json" \
         --catalog-args "--rank-setup shared --device cuda --nodes 1 --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 25 --conformance-seed $seed" \
         2>&1 | tee "$OUT/$part/log.txt"
       for f in conformance.json conformance.md jit.log; do [ -f "/tmp/reports-$part/$f" ] && cp "/tmp/reports-$part/$f" "$OUT/$part/"; done
-      if [ "$part" = catalog ] && [ "${JITTAR:-0}" = 1 ]; then
-        tar cJf "$OUT/jit-cache.tar.xz" -C /tmp jit-catalog/cache && ls -la "$OUT"
+      if [ "$part" = catalog ] && [ "${JITTAR:-0}" = 1 ]; then  # in parts of at most 15 MB (the tool's file limit)
+        tar cJf /tmp/jit-cache.tar.xz -C /tmp jit-catalog && split -b 15000000 /tmp/jit-cache.tar.xz "$OUT/jit-cache.tar.xz.part-"
+        ls -la "$OUT"
       fi ;;
   esac
 done
