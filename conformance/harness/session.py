@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -219,6 +220,8 @@ class Session:
             prop.check(self, case, self._results(prop, settings, case))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
             blame = self._blame(failure, settings.names)
+            if isinstance(failure, RankRaised) and failure.in_step:
+                self._check_the_others(prop, settings, case, blame)
             message = str(failure)
             entry = self.known_defects.match(property_id, blame, case, message)
             if entry is not None:
@@ -241,6 +244,28 @@ class Session:
         for entry in self.known_defects.reached(property_id, checked, case):
             recorder.known_defect_seen(entry, case, "held")
         tally.held()
+
+    def _check_the_others(self, prop: Property, settings: TaskSettings, case: Any, blame: tuple[str, ...]) -> None:
+        """A backend's call raised in step (the world is intact): the task ended on every rank before the other
+        backends' results were checked.  Run it again without the backend(s) blamed and check the others, so each
+        backend's verdict is about its own calls (a wrapper that always raises leaves the raw APIs beside it
+        checked).  Their outcome is counted here; a failure of theirs is counted too, and the blamed backend's
+        failure is the one raised (a crash or hang of theirs is raised instead: the world must be rebuilt)."""
+        rest = tuple(spec for spec in settings.backends if spec.name not in blame)
+        if not rest or len(rest) == len(settings.backends):
+            return
+        names = tuple(spec.name for spec in rest)
+        tally = self.recorder.tally
+        tally.start(names, self.pairs(names))
+        try:
+            prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
+        except (AssertionError, RankRaised) as other:
+            if isinstance(other, RankRaised) and not other.in_step:
+                raise
+            tally.failed(self._blame(other, names))
+        else:
+            tally.held()
+        tally.start(blame, [])
 
     def _results(self, prop: Property, settings: TaskSettings, case: Any) -> list[Any]:
         """The per-rank results of ``prop``'s task on ``case`` (a ``memo`` property: once per case and property)."""
