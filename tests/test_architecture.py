@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                                 "conformance.assertions", "conformance.world.launcher")),
     ("properties", ("conformance.properties",)),
     ("harness", ("conformance.harness", "conformance.reporting", "conformance.mutation", "conformance.repro",
+                 "conformance.docs", "conformance.new_property",
                  "conformance.plugin")),
 ]
 

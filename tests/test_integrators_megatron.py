@@ -19,26 +19,20 @@ from pathlib import Path
 
 import pytest
 
+from conformance.integrations import MEGATRON_CAPABILITIES
 from tests.conftest import run_suite
+from tests.expectations import expected_for
 from tests.installs import target_install
 
 PINNED = "0.16.1"
 PLAIN = "megatron-fused-a2a"
 NAME = "megatron-fused-a2a-shimmed"
 TARGET = "conformance.integrations.megatron:MegatronFusedA2AShimmed"
-#: The plug-in's expected verdict per property (P4 and P9 may also report the documented V1/V2 divergences).
-CHECKED = ("P1-per-expert-payloads", "P2-counts", "P3-recv-topk-idx", "P4-weights", "P5-combine", "P6-round-trip",
-           "P7-cached-dispatch", "P9-gradients", "P10-events", "P13-determinism", "P25-clean-exit")
-UNSUPPORTED = {"P8-expand-layout": "v2 (ElasticBuffer) contract", "P11-qp-cap": "v2 (ElasticBuffer) contract",
-               "P12-bad-input": "'bad_input'", "P14-api-surface": "'api_surface'",
-               "P15-ll-dispatch": "'low_latency'", "P16-ll-round-trip": "'low_latency'",
-               "P17-ll-hooks-stats": "'low_latency'", "P18-fp8-payloads": "'fp8'", "P19-worst-case": "'fp8'",
-               "P20-dispatch-options": "v2 (ElasticBuffer) contract",
-               "P21-buffer-options": "v2 (ElasticBuffer) contract",
-               "P22-epilogue-events": "v2 (ElasticBuffer) contract",
-               "P23-ll-shrink": "'shrink'", "P24-ll-clean": "'ll_buffer'", "P30-call-sequences": "'bad_input'"}
-#: Off unless asked for (``--soak N``): skipped, with the reason, for every backend.
-SKIPPED = {"P31-soak": "soak mode is off"}
+#: What the run must say of the wrapper (V1, Megatron's declaration), derived from the catalog: the properties that
+#: check it (P4 and P9 may also report the documented V1/V2 divergences), those that report it unsupported and why,
+#: those a default run skips.
+EXPECTED = expected_for("v1", MEGATRON_CAPABILITIES)
+CHECKED, UNSUPPORTED, SKIPPED = EXPECTED.checked, EXPECTED.unsupported, EXPECTED.skipped
 
 
 def megatron_path() -> tuple[str, ...]:

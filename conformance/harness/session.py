@@ -14,7 +14,7 @@ import torch
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
-from conformance.core.spec import CAPABILITIES, compared_pairs
+from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import KNOWN_DEFECT_RESTARTS, FaultBudget, KnownDefectStop, cause_of
@@ -163,16 +163,13 @@ class Session:
         return self.config.shape
 
     def excluded(self, prop: Property) -> dict[str, str]:
-        """The selected backends ``prop`` does not apply to, with the reason (another API, a missing capability)."""
+        """The selected backends ``prop`` does not apply to, with the reason (another API, a missing capability:
+        :meth:`Property.applies_to`)."""
         out: dict[str, str] = {}
-        apis = " or ".join(f"{api} ({'ElasticBuffer' if api == 'v2' else 'Buffer'})" for api in prop.apis)
         for b in self.config.backends:
-            if b.api not in prop.apis:
-                out[b.name] = f"{prop.id} checks the {apis} contract and {b.name} follows {b.api} ({b.class_name})"
-            elif b.lacks(prop.needs):
-                missing = b.lacks(prop.needs)
-                out[b.name] = (f"{b.name} does not declare the capabilit{'ies' if len(missing) > 1 else 'y'} "
-                               + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {prop.id} needs")
+            reason = prop.applies_to(b.api, b.capabilities, b.name)
+            if reason is not None:
+                out[b.name] = reason
         return out
 
     def settings_for(self, prop: Property, include_broken: bool = False) -> TaskSettings:

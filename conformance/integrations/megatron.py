@@ -65,6 +65,7 @@ from typing import Any
 import torch
 
 from conformance.backends.plugins import Dispatched, PluginBackend, PluginEnv
+from conformance.integrations import MEGATRON_CAPABILITIES
 
 MODULE = "megatron.core.transformer.moe.fused_a2a"
 #: The release the self-tests pin (the newest that installs on Python 3.11; its V1 code is the same up to 0.19.2).
@@ -116,7 +117,7 @@ class MegatronFusedA2A(PluginBackend):
     """Megatron-Core ``fused_a2a`` exactly as installed: its V2 path where it takes one, else its ``Buffer`` path."""
 
     api = installed_path()
-    capabilities = frozenset({"combine", "cached_dispatch", "autograd", "events"})
+    capabilities = MEGATRON_CAPABILITIES
     description = (f"Megatron-Core {_VERSION} {MODULE} as installed "
                    f"({'its DeepEP V2 path' if api == 'v2' else 'over deep_ep.Buffer'}): fused_dispatch / "
                    f"fused_combine and their autograd")

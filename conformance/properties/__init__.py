@@ -15,13 +15,16 @@ A property module ``test_pNN_<name>.py`` defines its check and registers a :clas
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from conformance.core.example import Example
 from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
+from conformance.core.spec import APIS, CAPABILITIES
 from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
@@ -115,6 +118,28 @@ class Property:
     #: again in the same property (Hypothesis' replay of a failure) reuses the results instead of running it again.
     memo: bool = False
     test: Callable[..., None] = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+    #: The module that registered it (set by :func:`register`): where its documentation lives.
+    module: str = field(default="", compare=False, repr=False)
+
+    def applies_to(self, api: str, capabilities: Iterable[str], name: str = "it") -> str | None:
+        """Why a backend (``name``) following ``api`` (``v1`` / ``v2``) and declaring ``capabilities`` is not checked
+        by this property, or ``None`` when it is.  The one rule the session, the docs and the self-tests share."""
+        if api not in self.apis:
+            apis = " or ".join(f"{a} ({APIS[a]})" for a in self.apis)
+            return f"{self.id} checks the {apis} contract and {name} follows {api} ({APIS[api]})"
+        declared = set(capabilities)
+        missing = [need for need in self.needs if need not in declared]
+        if missing:
+            return (f"{name} does not declare the capabilit{'ies' if len(missing) > 1 else 'y'} "
+                    + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {self.id} needs")
+        return None
+
+    @property
+    def doc(self) -> str:
+        """The property's documentation: its module's docstring (docs/properties.md and the README's catalog table
+        are generated from the catalog: ``python -m conformance.docs``)."""
+        module = sys.modules.get(self.module)
+        return inspect.cleandoc(module.__doc__ or "") if module is not None else ""
 
     @property
     def number(self) -> int:
@@ -137,7 +162,9 @@ def register(prop: Property) -> Property:
         conformance.run_property(prop)  # the session of this worker (``conformance`` fixture)
 
     test.__doc__ = prop.title
-    entry = Property(**{**prop.__dict__, "test": test})
+    caller = inspect.currentframe()
+    module = caller.f_back.f_globals.get("__name__", "") if caller is not None and caller.f_back else ""
+    entry = Property(**{**prop.__dict__, "test": test, "module": prop.module or module})
     _REGISTRY[prop.id] = entry
     return entry
 

@@ -1,4 +1,8 @@
-"""P1 per-expert payloads: every rank's local experts receive exactly the oracle's (source, bytes, weight)."""
+"""P1 per-expert payloads: every rank's local experts receive exactly the oracle's (source, bytes, weight).
+
+Special float bytes (NaN payloads, -0.0, +-Inf, subnormals) are drawn on purpose: payload bytes are moved, not
+computed, so they must survive dispatch unchanged.
+"""
 
 from __future__ import annotations
 

@@ -6,6 +6,22 @@ doubled or misplaced contribution changes the result.  V1 dispatches and combine
 with explicit ones: the library's table entries for the world built with a drawn SM count (``Buffer.set_num_sms``
 then ``get_dispatch_config`` / ``get_combine_config``); the dispatch handle has one channel per two SMs of its
 config.
+
+The reduction tree (P5, P6, P9, P21). Combine sums bf16 terms in float32 and rounds to bf16. On one node the library
+rounds once; on several it rounds twice (V1 internode: each node's NVLink forwarder rounds its ranks' sum before the
+RDMA receiver adds the biases and rounds again; V2 hybrid mode with `allow_multiple_reduction`, the same per scale-out
+node). A V2 expand-mode combine with `allow_multiple_reduction` (the default) adds a first level: each rank sums and
+rounds its own rows of a token before they leave it; without the option every row travels unreduced and is rounded
+once (P21, `conformance/oracle/tree.py: v2_combine_groups`). Each backend says which tree its buffer uses
+(`reduction_group` in the backend contract), and the oracle (`conformance/oracle/tree.py`) predicts that tree's bytes
+wherever every float32 sum on the way is exact in any order (all terms multiples of one power of two `2**q`,
+magnitudes summing below `2**(24+q)`): every element for integer payloads, more than 99.9% of the elements for random
+ones (measured over the main job's draws). Only the remaining elements are held to the derived error bound. P5 draws
+its cases so that one rounding more than the tree changes bytes (`conformance/strategies/combine.py` says why): exact
+mode's `wide` integer payloads and biases (exact in float32, but sums of two or more are mostly not bf16 values), a
+bias in four cases of five, tokens spread over every rank of a small world in two of three. So a combine that rounds
+once too often, or once too few times, fails on one node and on two, on the first few examples (mutants
+`combine-extra-rounding`, `hybrid-reduction-rounds-once`); P6's round trip is held to the tree on several nodes too.
 """
 
 from __future__ import annotations

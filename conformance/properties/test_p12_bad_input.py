@@ -10,6 +10,18 @@ handle=handle)`` without ``num_experts`` (the handle has it).  It must work; Dee
 (the emulation follows), which is the known defect ``v2-cached-dispatch-without-num-experts``
 (conformance/known_defects/deep_ep-2.1.0.toml): reported as ``known-defect`` while DeepEP has it, and as fixed
 once it no longer fails.  It is checked last, so the other rows of its example are judged first.
+
+The refusal table. `conformance/emulation/refusals.toml` lists every host-side refusal of DeepEP 2.1.0 on the argument
+path of the constructors, `get_dispatch_layout`, `dispatch`, `combine`, the low-latency calls
+(`clean_low_latency_buffer`, the shrink-mode mask calls, `get_next_low_latency_combine_buffer` and the size hint
+included) and `get_local_buffer_tensor` (492 rows, each with its source line, exception and message, whether Python
+can reach it, and its status in the emulation: 352 emulated exactly, 16 emulated with a documented difference, 110
+unreachable from Python, 14 depending on hardware or network; none pending). The emulation raises from the table, in
+the library's check order; `conformance/tasks/bad_calls.py` holds, per row, the offending call and its closest valid
+neighbour (the low-latency rows of a task share one low-latency buffer at a time, and the combine rows one dispatch).
+P12 makes every applicable row's calls on every run (262 rows on one node, 178 on two) and then draws rows with
+examples; real and emulated backends are held to the same rows, so a run on the real library checks the table itself.
+Review the table whenever the recorded API surface changes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,11 @@
 oracle's: bf16 bytes unchanged; with ``use_fp8`` the per-128-channel E4M3 cast (bytes and ``round_scale`` scales
 exact; without ``round_scale`` scales exact and each byte the oracle's or its E4M3 neighbour, a bound derived
 from a one-ulp float32 ``448 / amax``), ``use_ue8m0`` scales packed four exponents per int32, column-major; one
-dispatch is made with ``async_finish=True`` and read after ``event.current_stream_wait()``."""
+dispatch is made with ``async_finish=True`` and read after ``event.current_stream_wait()``.
+
+On the real library: held on the real V1 (one H200, two ranks sharing it: docs/real-runs/, run 10b); its recording
+replays exactly.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,10 @@ of its weights)`` within the derived bound of one float32 accumulation and one b
 (waited on), receive-hook and zero-copy combines, and a combine into a caller's ``out=`` tensor (written in place
 and returned), give the same bytes; LogFMT-10 stays within its derived bound (a 9-bit log code per 128-channel
 block: relative error below ``2^(32/510) - 1``, values under ``amax * 2^-32`` may vanish); and the result agrees
-with the normal-mode round trip (``Buffer.dispatch`` / ``combine``) within both bounds."""
+with the normal-mode round trip (``Buffer.dispatch`` / ``combine``) within both bounds.
+
+On the real library: held on the real V1 (docs/real-runs/, run 10b); its recording replays exactly.
+"""
 
 from __future__ import annotations
 

@@ -9,7 +9,10 @@ value) only grow.
 
 The cost values themselves are timing (``clock64()`` differences of the receive phase's polling loop,
 ``internode_ll.cu:384-416`` and ``:948-974``): a wait whose data had arrived at the first poll adds 0, so no value,
-not even a positive one, can be predicted; P23 checks that masked ranks add nothing."""
+not even a positive one, can be predicted; P23 checks that masked ranks add nothing.
+
+On the real library: held on the real V1 (docs/real-runs/, run 10b); its recording replays exactly.
+"""
 
 from __future__ import annotations
 

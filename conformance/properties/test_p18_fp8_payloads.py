@@ -2,7 +2,10 @@
 oracle sends to a rank, its E4M3 bytes and its own scale row byte for byte (V1 ``Buffer.dispatch``; V2
 ``ElasticBuffer.dispatch`` row-major and with ``use_tma_aligned_col_major_sf``, whose scales are laid out
 ``stride (1, align(rows, 4))``, on the buffer sized for bf16 and on one built with ``use_fp8_dispatch=True``, whose
-size is the library's formula for FP8 dispatches), so V1, V2 and the oracle agree per token."""
+size is the library's formula for FP8 dispatches), so V1, V2 and the oracle agree per token.
+
+On the real library: held on the real V1 (docs/real-runs/, run 10b) and V2 (run 11b); its recording replays exactly.
+"""
 
 from __future__ import annotations
 

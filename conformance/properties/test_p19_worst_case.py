@@ -2,7 +2,10 @@
 ones, as the library's kernel writes them) and an empty per-expert count list; V2 ``do_cpu_sync=False`` returns
 ``num_ranks * num_max_tokens_per_rank`` rows, handle ``num_recv_tokens`` of that size, an empty count list, and the
 valid count in ``psum_num_recv_tokens_per_scaleup_rank[-1]``; in both the valid rows are exactly P18's.  Padding
-payload rows are not checked (the library leaves them uninitialised)."""
+payload rows are not checked (the library leaves them uninitialised).
+
+On the real library: held on the real V1 (docs/real-runs/, run 10b) and V2 (run 11b).
+"""
 
 from __future__ import annotations
 

@@ -13,6 +13,8 @@ of ``ElasticBuffer.dispatch`` promise (deep_ep/buffers/elastic.py, csrc/elastic/
   worst-case allocation (buffer.hpp:1067-1070); the tail after the last expert is not promised.
 * ``cumulative_local_expert_recv_stats``: every non-cached dispatch adds each local expert's unaligned receipts
   (dispatch.cuh:204-219), so after call ``i`` it holds the oracle's raw counts times ``i``.
+
+On the real library: held on the real V2 (docs/real-runs/, run 11b); its recording replays exactly.
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ smaller without it (its combine layouts hold ``num_topk`` rows per token instead
 csrc/elastic/buffer.hpp:616-648); and every option of the hint (``use_fp8_dispatch``, ``allow_hybrid_mode``,
 ``allow_multiple_reduction``), for the example's shape and a drawn production-sized one, equals the oracle of the
 library's formula (:mod:`conformance.oracle.buffer_size`).
+
+On the real library: held on the real V2 (docs/real-runs/, run 11b); its recording replays exactly.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ here passes ``False``).  Built-in backends: an ``EventOverlap`` instead of an ``
 with the refusal table's exception (rows ``v2_dispatch_event_type`` / ``v2_combine_event_type``) on every rank, and
 the valid calls right after it are correct (the dispatch refusal comes before the synchronous run, the combine
 refusal before the asynchronous one).  What the communication itself reads before the epilogue (``x``) is not
-covered by this event (the emulation waits earlier, which is allowed: see DIVERGENCES.md)."""
+covered by this event (the emulation waits earlier, which is allowed: see DIVERGENCES.md).
+
+On the real library: held on the real V2 (docs/real-runs/, run 11b).
+"""
 
 from __future__ import annotations
 

@@ -7,7 +7,12 @@ empty, their tokens neither counted nor in the statistics) and the combine of it
 the wait costs of masked ranks do not move (the kernels do not wait for them); the masks survive the calls and
 ``clean_low_latency_buffer``; ``low_latency_clean_mask_buffer`` unmasks every rank and the next calls are the full
 oracle's again (DeepEP 2.1.0 ``internode_ll.cu``: ``is_rank_masked`` at every send and wait;
-``tests/legacy/test_low_latency.py --shrink-test``)."""
+``tests/legacy/test_low_latency.py --shrink-test``).
+
+On the real library: the real V1 on one GPU without IBGDA ends ``clean_low_latency_buffer`` in shrink mode in an
+illegal memory access (docs/real-runs/, runs 10b, 11a; the known defect ``v1-shrink-clean-needs-ibgda``); to be
+re-run with one GPU per rank and IBGDA.
+"""
 
 from __future__ import annotations
 

@@ -8,7 +8,10 @@ keeps the send buffer and the double-buffer index): it equals the oracle and the
 (DeepEP 2.1.0 ``csrc/legacy/buffer.hpp:1431-1455``, ``internode_ll.cu:71-99``).  After each clean, the second
 signalling buffer read through a view of its own (``get_local_buffer_tensor(torch.int32, size, offset,
 use_rdma_buffer=True)``: ``offset`` in bytes, ``size`` in elements, legacy.py:201-220) holds the same bytes as the
-whole buffer's view there."""
+whole buffer's view there.
+
+On the real library: held on the real V1 (docs/real-runs/, run 11a).
+"""
 
 from __future__ import annotations
 

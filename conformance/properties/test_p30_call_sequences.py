@@ -9,6 +9,39 @@ destroyed buffer raises the library's exception on every rank (V2's second ``des
 library's), and nothing hangs (the example timeout).  The pytest run drives a Hypothesis state machine, one step
 per task on the persistent world (:mod:`conformance.strategies.sequences`, :mod:`conformance.tasks.sequences`); a
 failure shrinks to the shortest failing sequence and its message lists the calls that reproduce it.
+
+Real users keep one buffer for a whole training run and interleave calls; P30 drives one `Buffer` and one
+`ElasticBuffer` per backend side by side through sequences drawn by a Hypothesis `RuleBasedStateMachine`
+(`conformance/strategies/sequences.py`). Its rules: dispatch (fresh routing, or the token counts of an earlier
+dispatch with other contents), cached dispatch through any live handle, combine of any dispatch not combined yet, in
+any order, async calls left in flight (`async_finish` / `async_with_compute_stream`) and chained by `previous_event`
+(a combine may run on the event of its dispatch still in flight, never on rows read before it), waits in any order,
+an autograd round trip, `destroy()` then a use of the destroyed buffer (it must raise the refusal table's exception
+on every rank; V2's second `destroy()` does nothing, as the library's), re-creation. Every step is one task on the
+persistent world (the ranks keep the sequence's buffers between tasks; each sequence starts clean) and is checked at
+once: each completed result equals the oracle for its own inputs (received rows as a multiset, per-expert counts,
+combine and gradients byte-exact for integer payloads), the backends agree, nothing hangs. A failure shrinks to the
+shortest failing sequence; the report prints it as calls (the counterexample's `calls`, also under the failure in
+conformance.md) and its reproduction line replays it whole. This one was found and shrunk by the run, with the
+mutant `stale-handle-after-newer-dispatch` planted (a buffer that combines through its newest handle instead of the
+one passed):
+
+```
+0. s0 = Buffer(group, ...) and ElasticBuffer(group, ...)  # (re-)create the live buffers
+1. s1 = dispatch(x, topk_idx, topk_weights, async_finish/async_with_compute_stream=True)
+   # tokens_per_rank=[0, 1], routing=random, mask_ratio=0.0, payload=integers, seed=0, expert_alignment=1
+2. s2 = dispatch(x, topk_idx, topk_weights)
+   # tokens_per_rank=[0, 0], routing=random, mask_ratio=0.0, payload=integers, seed=0, expert_alignment=1
+3. s3 = combine(s1.recv_x, s1.handle, async_finish/async_with_compute_stream=True, previous_event=s1.event,
+                allocate_on_comm_stream=True)  # identity experts
+```
+
+Four mutants only sequences can find (`conformance/mutants/sequences.py`: a stale handle reused after a newer
+dispatch, an async result read before its event has covered it, two in-flight calls sharing a receive tensor, a
+destroyed buffer revived by a re-created one) are killed by P30 and by no other property (`python -m
+conformance.mutation --mutants
+stale-handle-after-newer-dispatch,event-misses-own-work-when-busy,async-calls-share-receive-slot,destroyed-buffer-revived-by-new-buffer`).
+A sequence is up to 10 calls; the pytest run draws `--max-examples` / 4 sequences (6 by default).
 """
 
 from __future__ import annotations

@@ -101,8 +101,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(document: dict[str, Any]) -> list[str]:
-    """The tables (one per family), with a line saying which run they come from."""
+def markdown(document: dict[str, Any], changes_only: bool = False) -> list[str]:
+    """The tables (one per family), with a line saying which run they come from; ``changes_only``: only the
+    properties where something changes, and one line for the rest (the form docs/integrators.md keeps, so that a
+    property added to the catalog changes the docs only if it changes something for the wrapper's users)."""
     lines: list[str] = []
     env = document["environment"]
     for m in migrations(document):
@@ -111,9 +113,13 @@ def markdown(document: dict[str, Any]) -> list[str]:
                   f"{env['ranks_per_node']} rank(s), device {env['device']}, deep_ep "
                   f"{'real' if any(b['real'] for b in env['backends']) else 'emulation'}.", "",
                   "| property | V1 path | V2 path | the two paths compared | what changes |", "|---|---|---|---|---|"]
-        for row in m["rows"]:
+        shown = [row for row in m["rows"] if row["changes"] or not changes_only]
+        for row in shown:
             lines.append(f"| {row['property']} | {row['v1']} | {row['v2']} | {row['pair']} | "
                          + (_cell("; ".join(row["changes"])) if row["changes"] else "nothing") + " |")
+        if changes_only:
+            lines += ["", "Nothing changes in the other properties both paths take (the run's report lists them "
+                          "all)."]
         lines.append("")
     return lines
 
@@ -156,11 +162,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.write_docs:
         path = Path(args.write_docs)
-        path.write_text(replace_block(path.read_text(), block))
+        path.write_text(replace_block(path.read_text(), markdown(document, changes_only=True)))
         return 0
     if args.check_docs:
         got = block_of(Path(args.check_docs).read_text())
-        if got != "\n".join(block).strip():
+        if got != "\n".join(markdown(document, changes_only=True)).strip():
             print(f"{args.check_docs}: the table differs from {args.report}'s; run python -m "
                   f"conformance.reporting.migration {args.report} --write-docs {args.check_docs}", file=sys.stderr)
             return 1
