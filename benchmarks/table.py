@@ -1,4 +1,4 @@
-"""``python -m benchmarks.table [reports/benchmark.json]``: the README's table, printed from a benchmark file."""
+"""``python -m benchmarks.table [reports/benchmark.json]``: the speed table of docs/reference.md, printed from a benchmark file."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The HTML report of a run with a planted failure, opened in headless Chromium: the verdict matrix and the
 counterexample's heat-map are on the page (DOM text, a non-blank picture), and a screenshot is taken.
 
-Set ``UPDATE_REPORT_SCREENSHOT=1`` to copy the screenshot to ``docs/img/report.png`` (shown in the README).
+Set ``UPDATE_REPORT_SCREENSHOT=1`` to copy the screenshot to ``docs/img/report.png`` (shown in docs/reference.md).
 Skipped, with the reason, where Chromium or the ``report`` extra (jinja2, matplotlib) is missing; CI installs both.
 """
 

@@ -21,7 +21,7 @@ from tests.meta import FIND_SETTINGS, sample
 
 P30 = "P30-call-sequences"
 #: Replaying a shrink candidate runs a whole sequence on the world: the meta-tests find without shrinking (the
-#: pytest run's state machine shrinks; see the README's example).
+#: pytest run's state machine shrinks; see P30's docstring (docs/properties.md)).
 NO_SHRINK = settings(FIND_SETTINGS, phases=[Phase.generate])
 SEQUENCE_MUTANTS = ("stale-handle-after-newer-dispatch", "event-misses-own-work-when-busy",
                     "async-calls-share-receive-slot", "destroyed-buffer-revived-by-new-buffer")

@@ -1,4 +1,4 @@
-"""Reports: ``conformance.json`` (schema in README), a Markdown summary, an HTML page (``html.py``), pytest's JUnit
+"""Reports: ``conformance.json`` (schema in docs/reference.md), a Markdown summary, an HTML page (``html.py``), pytest's JUnit
 XML, and the terminal summary.
 
 Property tests record what they saw in a :class:`conformance.harness.session.Recorder`; the plugin attaches it to
