@@ -1,4 +1,5 @@
-"""``python -m benchmarks.table [reports/benchmark.json]``: the speed table of docs/reference.md, printed from a benchmark file."""
+"""``python -m benchmarks.table [reports/benchmark.json]``: the speed table of docs/reference.md, printed from a
+benchmark file."""
 
 from __future__ import annotations
 

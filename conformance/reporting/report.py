@@ -1,5 +1,5 @@
-"""Reports: ``conformance.json`` (schema in docs/reference.md), a Markdown summary, an HTML page (``html.py``), pytest's JUnit
-XML, and the terminal summary.
+"""Reports: ``conformance.json`` (schema in docs/reference.md), a Markdown summary, an HTML page (``html.py``),
+pytest's JUnit XML, and the terminal summary.
 
 Property tests record what they saw in a :class:`conformance.harness.session.Recorder`; the plugin attaches it to
 the test report (``user_properties``), which pytest-xdist carries to the controller.  The controller
