@@ -1,4 +1,4 @@
-"""Rank tasks of tests/test_refusals.py: run refusal recipes (conformance/tasks/bad_calls.py) on the emulation."""
+"""Rank tasks of tests/test_refusals.py: run refusal recipes (conformance/tasks/refusals/) on the emulation."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ def run_recipes(names: list[str], example_json: str, mutant: str | None = None) 
     ``mutant`` active; return ``{name: (exception type name or None, message or None)}``."""
     import conformance.emulation as module
     from conformance.mutants import activate
-    from conformance.tasks import bad_calls
+    from conformance.tasks import refusals
 
     example = Example.from_json(example_json)
     results = {}
-    with activate(mutant), bad_calls.SharedBuffers() as shared:  # as P12 shares them
+    with activate(mutant), refusals.SharedBuffers() as shared:  # as P12 shares them
         for name in names:
-            results[name] = bad_calls.run(name, bad_calls.make_env(module, example, shared))
+            results[name] = refusals.run(name, refusals.make_env(module, example, shared))
     return results
 
 
@@ -25,10 +25,10 @@ def too_many_tokens_on_rank_0(example_json: str) -> dict:
     import torch
 
     import conformance.emulation as module
-    from conformance.tasks import bad_calls
+    from conformance.tasks import refusals
 
     example = Example.from_json(example_json)
-    env = bad_calls.make_env(module, example)
+    env = refusals.make_env(module, example)
     buffer = env.v2_buffer()
     n = example.num_max_tokens_per_rank + (1 if env.rank == 0 else 0)
     x = torch.zeros(n, example.hidden, dtype=torch.bfloat16)
@@ -51,10 +51,10 @@ def ll_rank_local_on_rank_0(example_json: str, call: str) -> dict:
     import torch
 
     import conformance.emulation as module
-    from conformance.tasks import bad_calls
+    from conformance.tasks import refusals
 
     example = Example.from_json(example_json)
-    env = bad_calls.make_env(module, example)
+    env = refusals.make_env(module, example)
     done = env.valid_ll_dispatch(use_fp8=False)
     buffer, t_max = done.buffer, done.kwargs["num_max_dispatch_tokens_per_rank"]
     idx, w = env.inputs.topk_idx, env.inputs.topk_weights
@@ -80,10 +80,10 @@ def ll_two_mistakes(example_json: str) -> dict[str, tuple]:
     import torch
 
     import conformance.emulation as module
-    from conformance.tasks import bad_calls
+    from conformance.tasks import refusals
 
     example = Example.from_json(example_json)
-    env = bad_calls.make_env(module, example)
+    env = refusals.make_env(module, example)
     done = env.valid_ll_dispatch(use_fp8=False)
     buffer, t_max = done.buffer, done.kwargs["num_max_dispatch_tokens_per_rank"]
     idx, w = env.inputs.topk_idx, env.inputs.topk_weights

@@ -136,11 +136,29 @@ class QpCase(ExampleCase):
             raise ValueError(f"bandwidths must be positive (0 asks the hardware): {self}")
 
 
+#: Statuses of the refusal-table rows the emulation reproduces: each has a recipe (``conformance/tasks/refusals``).
+LIVE_STATUSES = ("emulated", "emulated-differently")
+#: The recipe topologies P12 draws: recipes made on one node, as on the real library's intranode path.  The V1
+#: internode (emulated nodes; the library takes that path with more than 8 ranks only), V2 hybrid and one-rank
+#: recipes are the emulation's self-tests (tests/test_refusals.py).
+P12_TOPOLOGIES = ("any", "single", "v1-intranode")
+#: The API of a refusal-table row, by the class its ``call`` names.
+_API_OF_CLASS = {"Buffer": "v1", "Config": "v1", "ElasticBuffer": "v2", "EventOverlap": "utils"}
+
+
+def row_api(row: dict[str, Any]) -> str:
+    """The API of refusal-table row ``row``, ``v1``, ``v2`` or ``utils``: the class its ``call`` names."""
+    return _API_OF_CLASS[row["call"].split(".")[0]]
+
+
 def p12_rows() -> dict[str, dict[str, Any]]:
-    """The rows of the refusal table (``conformance/emulation/refusals.toml``) P12 draws, by id."""
+    """The rows of the refusal table (``conformance/emulation/refusals.toml``) P12 draws, by id: the live rows
+    whose recipe's ``topology`` is one of :data:`P12_TOPOLOGIES` and that name no ``self_test_only`` reason."""
     from conformance.emulation import _refusals
 
-    return {rid: row for rid, row in _refusals.rows().items() if row["drawn_by"] == "P12-bad-input"}
+    return {rid: row for rid, row in _refusals.rows().items()
+            if row["status"] in LIVE_STATUSES and row.get("topology", "any") in P12_TOPOLOGIES
+            and "self_test_only" not in row}
 
 
 @dataclass(frozen=True)

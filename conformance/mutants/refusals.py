@@ -8,7 +8,7 @@ Two families, both harmful:
 * a refusal that fires on a valid call: a size check off by one (or using the wrong constant), so that a
   legal call at the boundary is refused.
 
-Each mutant changes what the row's recipe or neighbour (conformance/tasks/bad_calls.py) does; the self-test
+Each mutant changes what the row's recipe or neighbour (conformance/tasks/refusals/) does; the self-test
 (tests/test_refusals.py) shows it.  They are not wired into a property yet: P12 will draw the table's rows.
 """
 

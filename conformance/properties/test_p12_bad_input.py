@@ -58,7 +58,7 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
             ctx.checking((backend,))
             assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
                                      message_pattern=_refusals.message_pattern(row_id))
-            _neighbour_passed(got, row_id, row, where)
+            _neighbour_passed(got, row_id, where)
     for rank, ranks in enumerate(per_rank):
         for backend, view in ranks["after"].items():
             ctx.checking((backend,))
@@ -69,7 +69,7 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
             got = [ranks["rows"][row_id][backend] for ranks in per_rank]
             where = f"{backend}: {row['call']} with {row['condition']} [row {row_id}, {row['source']}]"
             ctx.checking((backend,))
-            _neighbour_passed(got, row_id, row, where)
+            _neighbour_passed(got, row_id, where)
             for rank, g in enumerate(got):
                 if g["raised"].type is not None:
                     raise AssertionError(f"rank {rank} raised {g['raised'].type}: {g['raised'].message}; "
@@ -77,11 +77,11 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
     ctx.checking(None)
 
 
-def _neighbour_passed(got: list[dict[str, Any]], row_id: str, row: dict[str, Any], where: str) -> None:
+def _neighbour_passed(got: list[dict[str, Any]], row_id: str, where: str) -> None:
     for rank, g in enumerate(got):
         if g["neighbour"].type is not None:
             raise AssertionError(f"rank {rank} raised {g['neighbour']} on the valid neighbour of {row_id} (recipe "
-                                 f"{row['neighbour']}, the closest valid call) [{where}]")
+                                 f"{row_id}.ok, the closest valid call) [{where}]")
 
 
 PROPERTY = register(Property(

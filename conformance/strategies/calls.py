@@ -14,10 +14,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from conformance.backends.limits import known_limit
-from conformance.core.cases import ApiSurfaceCase, BadCallCase, QpCase, p12_rows
+from conformance.core.cases import ApiSurfaceCase, BadCallCase, QpCase, p12_rows, row_api
 from conformance.core.example import Example
 from conformance.strategies import examples, vocabulary
-from conformance.tasks import bad_calls
+from conformance.tasks import refusals
 
 SMALL_HIDDEN = (256, 512, 256, 512, 128)  # 128 (V2 combine's known limit) in one draw of five
 SMALL_MAX_TOKENS = (16, 64)
@@ -59,14 +59,14 @@ def row_applies(row_id: str, example: Example, world: Any) -> bool:
     """Whether the bad call of ``row_id`` can be made with ``example`` on this world: its recipe accepts both, and
     no known capability limit of the row's API refuses the example first (V2 combine at hidden 128)."""
     row = p12_rows()[row_id]
-    api, operation = row["api"], "combine" if ".combine" in row["call"] else "dispatch"
+    api, operation = row_api(row), "combine" if ".combine" in row["call"] else "dispatch"
     if api in ("v1", "v2") and known_limit(api, operation, example) is not None:
         return False
-    return bad_calls.applies(row["recipe"], example, world.nodes)
+    return refusals.applies(row_id, example, world.nodes)
 
 
 def p12_rows_for(world: Any) -> list[str]:
-    """The P12 rows whose bad call can be made on a world of this shape (``bad_calls.applies``' topology)."""
+    """The P12 rows whose bad call can be made on a world of this shape (``refusals.applies``' topology)."""
     return [rid for rid in sorted(p12_rows()) if any(row_applies(rid, ex, world) for ex in sweep_examples(world.size))]
 
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.backends.factory import get_adapter
-from conformance.core.cases import BadCallCase
+from conformance.core.cases import BadCallCase, row_api
 from conformance.core.views import DispatchOptions, Raised
 from conformance.emulation import _refusals
-from conformance.tasks import bad_calls
+from conformance.tasks import refusals
 from conformance.tasks.env import RankEnv, rank_task
 
 
-def _raised(name: str, module: Any, env: RankEnv, shared: bad_calls.SharedBuffers) -> Raised:
-    kind, message = bad_calls.run(name, bad_calls.make_env(module, env.example, shared))
+def _raised(name: str, module: Any, env: RankEnv, shared: refusals.SharedBuffers) -> Raised:
+    kind, message = refusals.run(name, refusals.make_env(module, env.example, shared))
     return Raised(kind, message)
 
 
@@ -27,31 +27,31 @@ def bad_call_results(env: RankEnv) -> dict[str, Any]:
     A row of the ``utils`` API (``EventOverlap``) is made once per implementation, with its first V2 backend (the
     recipes get their events from ``ElasticBuffer`` dispatches).  The recipes share their low-latency buffers (one
     per backend and shape, destroyed before the next valid dispatch)."""
-    with bad_calls.SharedBuffers() as shared:
+    with refusals.SharedBuffers() as shared:
         rows, used = _bad_calls(env, env.case, shared)
     after = {name: env.call(spec, "dispatch", lambda adapter: adapter.dispatch(
         env.inputs, env.example, DispatchOptions(), env.rank)[0]) for name, spec in used.items()}
     return {"rows": rows, "after": after}
 
 
-def _bad_calls(env: RankEnv, case: BadCallCase, shared: bad_calls.SharedBuffers) -> tuple[dict, dict]:
+def _bad_calls(env: RankEnv, case: BadCallCase, shared: refusals.SharedBuffers) -> tuple[dict, dict]:
     """Each row's bad call and neighbour with every selected backend of its API: ``(rows, the backends used by
     name)``."""
     rows: dict[str, dict[str, Any]] = {}
     used: dict[str, Any] = {}  # backend name -> its spec
     for row_id in case.rows:
-        row = _refusals.rows()[row_id]
+        api = row_api(_refusals.rows()[row_id])
         done_impls: set[str] = set()
         per_backend = rows.setdefault(row_id, {})
         for spec in env.specs(capability="bad_input"):
-            if row["api"] == "utils":
+            if api == "utils":
                 if spec.api != "v2" or spec.impl in done_impls:
                     continue
                 done_impls.add(spec.impl)
-            elif spec.api != row["api"]:
+            elif spec.api != api:
                 continue
             used[spec.name] = spec
             module = get_adapter(spec).module
-            per_backend[spec.name] = {"raised": _raised(row["recipe"], module, env, shared),
-                                      "neighbour": _raised(row["neighbour"], module, env, shared)}
+            per_backend[spec.name] = {"raised": _raised(row_id, module, env, shared),
+                                      "neighbour": _raised(f"{row_id}.ok", module, env, shared)}
     return rows, used

@@ -1,0 +1,130 @@
+"""The recipe registry: the refusal table's recipe columns, the recipes written as code, and which examples and
+worlds each recipe applies to.
+
+Every live row of the refusal table (``status`` emulated or emulated-differently) has one recipe, named by the
+row id, and its neighbour, ``<row id>.ok``: from the row's ``edit`` columns (:mod:`conformance.tasks.refusals.edits`)
+or, for a stateful recipe, a function registered with :func:`recipe`.  Where a recipe applies is data of its row:
+
+  topology        the worlds it applies to (:data:`TOPOLOGIES`; absent: ``any``)
+  requires        a name of :data:`REQUIRES`, what every example it is made with must have (absent: any example)
+
+The table is read here from its file, not through ``conformance.emulation``: the recipes never import the
+emulation (they are made against the real library as well).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tomllib
+import torch
+
+from conformance.core.cases import LIVE_STATUSES
+from conformance.core.example import Example, build_all_inputs
+
+if TYPE_CHECKING:
+    from conformance.tasks.refusals.env import BadCallEnv
+
+#: The refusal table (``conformance/emulation/refusals.toml``), read as a file.
+TABLE_PATH = Path(__file__).resolve().parents[2] / "emulation" / "refusals.toml"
+
+#: Worlds a recipe applies to: ``any``; ``v1-intranode`` (one node of 2, 4 or 8 ranks: the legacy intranode
+#: kernels); ``v1-internode`` (several nodes: the legacy internode path); ``single`` (one node);
+#: ``hybrid`` (several nodes: V2 hybrid mode); ``one-rank`` (a 1-rank world).
+TOPOLOGIES = ("any", "v1-intranode", "v1-internode", "single", "hybrid", "one-rank")
+
+
+def _every_rank_receives(example: Example) -> bool:
+    """Every rank receives at least one token (some token selects one of its experts)."""
+    per_rank = example.experts_per_rank
+    if per_rank == 0:
+        return False
+    owners: set[int] = set()
+    for inputs in build_all_inputs(example):
+        ids = inputs.topk_idx[inputs.topk_idx >= 0]
+        owners.update(int(r) for r in torch.unique(ids // per_rank))
+    return owners >= set(range(example.world_size))
+
+
+#: What a row's ``requires`` may name: a predicate every example its recipe is made with must satisfy.
+REQUIRES: dict[str, Callable[[Example], bool]] = {
+    "every_rank_sends_1": lambda ex: min(ex.tokens_per_rank) >= 1,
+    "every_rank_sends_2": lambda ex: min(ex.tokens_per_rank) >= 2,  # a strided [tokens, k] view needs 2 rows
+    "every_rank_receives": _every_rank_receives,
+    "several_ranks": lambda ex: ex.world_size > 1,
+    "ranks_not_multiple_of_4": lambda ex: ex.world_size % 4 != 0,
+    "two_local_experts": lambda ex: ex.num_experts // ex.world_size >= 2,
+    "at_most_7_ranks": lambda ex: ex.world_size <= 7,
+}
+
+#: name -> callable (offending calls under the row id, neighbours under ``<row id>.ok``).
+RECIPES: dict[str, Callable[[BadCallEnv], Any]] = {}
+
+
+@functools.cache
+def rows() -> dict[str, dict[str, Any]]:
+    """The live rows of the refusal table, by id."""
+    with open(TABLE_PATH, "rb") as f:
+        table = tomllib.load(f)
+    return {row["id"]: row for row in table["refusal"] if row["status"] in LIVE_STATUSES}
+
+
+def recipe(row_id: str) -> Callable:
+    """Register ``fn(env, bad)`` as the recipe of row ``row_id`` (``bad=True``: the offending call) and its neighbour
+    ``row_id.ok`` (``bad=False``): a stateful recipe, written as code."""
+
+    def decorate(fn: Callable[[BadCallEnv, bool], Any]) -> Callable:
+        add(row_id, functools.partial(fn, bad=True), functools.partial(fn, bad=False))
+        return fn
+
+    return decorate
+
+
+def add(row_id: str, offending: Callable[[BadCallEnv], Any], neighbour: Callable[[BadCallEnv], Any]) -> None:
+    """Register the two calls of row ``row_id``; a row has one recipe."""
+    if row_id in RECIPES:
+        raise ValueError(f"recipe {row_id!r} registered twice")
+    RECIPES[row_id], RECIPES[f"{row_id}.ok"] = offending, neighbour
+
+
+def applies(name: str, example: Example, num_nodes: int) -> bool:
+    """Whether recipe (or neighbour) ``name`` applies to ``example`` on a world of ``num_nodes`` nodes: its row's
+    ``topology`` admits the world and the example has what its ``requires`` names."""
+    if name not in RECIPES:
+        raise KeyError(f"no recipe {name!r}")
+    row = rows()[name.removesuffix(".ok")]
+    size = example.world_size
+    world_ok = {
+        "any": True,
+        "v1-intranode": num_nodes == 1 and size in (2, 4, 8),
+        "v1-internode": num_nodes > 1,
+        "single": num_nodes == 1,
+        "hybrid": num_nodes > 1,
+        "one-rank": size == 1,
+    }[row.get("topology", "any")]
+    return world_ok and ("requires" not in row or REQUIRES[row["requires"]](example))
+
+
+def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None]:
+    """Run recipe ``name``; return ``(exception type name, message)``, ``(None, None)`` when nothing was raised.
+
+    The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
+    """
+    from conformance.world.rank import call_context
+
+    try:
+        with call_context(f"refusal row {name}"):
+            RECIPES[name](env)
+    except Exception as exc:  # the refusal under test
+        return type(exc).__name__, str(exc)
+    finally:
+        env.release()
+    return None, None
+
+
+def all_names() -> list[str]:
+    """Every registered recipe and neighbour name."""
+    return sorted(RECIPES)
