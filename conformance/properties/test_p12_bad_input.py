@@ -17,11 +17,14 @@ path of the constructors, `get_dispatch_layout`, `dispatch`, `combine`, the low-
 included) and `get_local_buffer_tensor` (492 rows, each with its source line, exception and message, whether Python
 can reach it, and its status in the emulation: 352 emulated exactly, 16 emulated with a documented difference, 110
 unreachable from Python, 14 depending on hardware or network; none pending). The emulation raises from the table, in
-the library's check order; `conformance/tasks/bad_calls.py` holds, per row, the offending call and its closest valid
-neighbour (the low-latency rows of a task share one low-latency buffer at a time, and the combine rows one dispatch).
-P12 makes every applicable row's calls on every run (262 rows on one node, 178 on two) and then draws rows with
-examples; real and emulated backends are held to the same rows, so a run on the real library checks the table itself.
-Review the table whenever the recorded API surface changes.
+the library's check order. Each emulated row also says how the suite makes its call: a standard mistake is data in the
+row itself (`valid_call`, `given`, `edit`: the valid neighbour call and the one change, which
+`conformance/tasks/refusals/edits.py` interprets); a stateful one (earlier calls, a destroyed buffer, a low-latency
+buffer's state, a handle from another buffer) is a recipe in `conformance/tasks/refusals/`, one module per call family
+(the low-latency rows of a task share one low-latency buffer at a time, and the combine rows one dispatch). P12 makes
+every applicable row's calls on every run (262 rows on one node, 178 on two) and then draws rows with examples; real
+and emulated backends are held to the same rows, so a run on the real library checks the table itself. Review the
+table whenever the recorded API surface changes.
 """
 
 from __future__ import annotations
