@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from conformance.core.spec import BackendSpec
-from conformance.core.views import DispatchView
+from conformance.core.views import DispatchView, v2_layout
 from conformance.oracle import Receipts
 
 Token = tuple[int, int]  # (source rank, source token)
@@ -66,8 +66,8 @@ def _lexsort(*keys: torch.Tensor) -> torch.Tensor:
     return order
 
 
-#: Extras whose rows follow the received rows (permuted with them); only their stable columns compare.
-ROW_EXTRAS = {"recv_src_metadata"}
+#: Layout fields whose rows follow the received rows (permuted with them); only their stable columns compare.
+ROW_FIELDS = {"recv_src_metadata"}
 
 
 def comparable_fields(view: DispatchView, canonical: bool) -> dict[str, Any]:
@@ -86,8 +86,8 @@ def comparable_fields(view: DispatchView, canonical: bool) -> dict[str, Any]:
         "recv_topk_weights": view.topk_weights[order],
         "num_recv_tokens_per_expert_list": torch.tensor([int(c) for c in view.num_recv_tokens_per_expert]),
     }
-    for key, value in sorted(view.extras.items()):
-        fields[f"handle/layout {key}"] = value[order, :2] if key in ROW_EXTRAS else value
+    for key, value in sorted(view.layout.fields().items() if view.layout is not None else ()):
+        fields[f"handle/layout {key}"] = value[order, :2] if key in ROW_FIELDS else value
     return fields
 
 
@@ -130,13 +130,13 @@ class Segments:
 
 def segments_of(view: DispatchView) -> Segments:
     """The expert segments an expanded view declares (from its aligned and raw count fields)."""
-    raw = view.extras["num_unaligned_recv_tokens_per_expert"]
+    raw = v2_layout(view).num_unaligned_recv_tokens_per_expert
     return Segments(aligned=[int(c) for c in view.num_recv_tokens_per_expert], raw=[int(c) for c in raw.tolist()])
 
 
 def slot_pointers(view: DispatchView) -> torch.Tensor:
     """``recv_src_metadata[:, 2:]`` as int64: the expanded row of each (received token, top-k slot), or -1."""
-    return view.extras["recv_src_metadata"][:, 2:].to(torch.int64)
+    return v2_layout(view).recv_src_metadata[:, 2:].to(torch.int64)
 
 
 def padding_rows(view: DispatchView) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
-from conformance.core.views import DispatchOptions, DispatchView
+from conformance.core.views import DispatchOptions, DispatchView, V2Layout
 
 #: Live buffers kept per rank; the least recently used one is destroyed beyond this.
 MAX_LIVE_BUFFERS = 4
@@ -147,18 +147,18 @@ class ElasticAdapter(AdapterBase):
             topk_idx=recv_idx.to(torch.int64).cpu() if recv_idx is not None else torch.empty(0),
             topk_weights=recv_w.cpu(),
             num_recv_tokens_per_expert=list(handle.num_recv_tokens_per_expert_list),
-            extras={
-                "psum_num_recv_tokens_per_scaleup_rank": handle.psum_num_recv_tokens_per_scaleup_rank.cpu(),
-                "psum_num_recv_tokens_per_expert": handle.psum_num_recv_tokens_per_expert.cpu(),
-                "num_unaligned_recv_tokens_per_expert": handle.num_unaligned_recv_tokens_per_expert.cpu(),
-                "num_recv_tokens": int(handle.num_recv_tokens),
-                "recv_src_metadata": handle.recv_src_metadata.cpu(),
-                "num_sms": handle.num_sms,
-                "num_bytes": int(buffer.num_bytes),
+            layout=V2Layout(
+                num_unaligned_recv_tokens_per_expert=handle.num_unaligned_recv_tokens_per_expert.cpu(),
+                psum_num_recv_tokens_per_expert=handle.psum_num_recv_tokens_per_expert.cpu(),
+                psum_num_recv_tokens_per_scaleup_rank=handle.psum_num_recv_tokens_per_scaleup_rank.cpu(),
+                num_recv_tokens=int(handle.num_recv_tokens),
+                recv_src_metadata=handle.recv_src_metadata.cpu(),
+                num_sms=handle.num_sms,
+                num_bytes=int(buffer.num_bytes),
                 # do_handle_copy=False keeps the caller's topk_idx in the handle (deep_ep/buffers/elastic.py:1005)
-                "handle_topk_idx_is_input": handle.topk_idx is inputs.topk_idx or (
+                handle_topk_idx_is_input=handle.topk_idx is inputs.topk_idx or (
                     inputs.topk_idx.numel() > 0 and handle.topk_idx.data_ptr() == inputs.topk_idx.data_ptr()),
-            },
+            ),
         )
         return view, {"handle": handle, "buffer": buffer, "recv_x": recv_x, "recv_topk_weights": recv_w}
 

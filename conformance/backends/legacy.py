@@ -12,7 +12,7 @@ from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
-from conformance.core.views import DispatchOptions, DispatchView
+from conformance.core.views import DispatchOptions, DispatchView, V1Layout
 
 #: Buffer sizes (NVLink and RDMA) big enough for every example the strategies draw.
 NUM_NVL_BYTES = 1 << 30
@@ -113,13 +113,13 @@ class LegacyAdapter(AdapterBase):
             topk_idx=recv_idx.to(torch.int64).cpu(),
             topk_weights=recv_w.cpu(),
             num_recv_tokens_per_expert=list(counts),
-            extras={
-                "num_tokens_per_expert": num_per_expert.cpu(),
-                "num_tokens_per_rank": num_per_rank.cpu(),
-                "is_token_in_rank": in_rank.cpu(),
+            layout=V1Layout(
+                num_tokens_per_rank=num_per_rank.cpu(),
+                num_tokens_per_expert=num_per_expert.cpu(),
+                is_token_in_rank=in_rank.cpu(),
                 # the handle's channel prefix matrix: one column per channel (config.num_sms // 2)
-                "num_channels": int((handle[2] if len(handle) == 6 else handle[1]).shape[1]),
-            },
+                num_channels=int((handle[2] if len(handle) == 6 else handle[1]).shape[1]),
+            ),
         )
         return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w,
                       "v1_num_sms": options.v1_num_sms}

@@ -44,7 +44,7 @@ from conformance.backends.contract import Backend, NotSupported, Raw
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import APIS, BUILTIN_ONLY, ENTRY_POINT_GROUP, PLUGIN_CAPABILITIES, BackendSpec
-from conformance.core.views import DispatchOptions, DispatchView
+from conformance.core.views import DispatchOptions, DispatchView, Layout, V1Layout, V2Layout, layout_of
 
 __all__ = ["Backend", "BackendFactory", "Dispatched", "NotSupported", "PluginBackend", "PluginEnv", "declare",
            "load_factory", "declaration_of"]
@@ -96,8 +96,9 @@ class Dispatched:
     ``recv_topk_idx``: the API's convention (V1: local expert index or -1).  ``num_recv_tokens_per_expert``:
     per local expert.  ``src_rank`` / ``src_token``: where each received row came from, if the wrapper knows;
     otherwise :class:`PluginBackend` finds out with a cached dispatch of identity rows (capability
-    ``cached_dispatch``).  ``extras``: the API's layout fields if the wrapper exposes them (capability
-    ``layout``; the keys of the built-in adapter of the same API).  ``state``: anything else combine needs.
+    ``cached_dispatch``).  ``extras``: the API's layout if the wrapper exposes it (capability ``layout``): a
+    :class:`~conformance.core.views.V1Layout` / :class:`~conformance.core.views.V2Layout`, or a dict of their fields.
+    ``state``: anything else combine needs.
     """
 
     recv_x: torch.Tensor
@@ -107,7 +108,7 @@ class Dispatched:
     handle: Any
     src_rank: torch.Tensor | None = None
     src_token: torch.Tensor | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: Layout | dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -296,9 +297,16 @@ class PluginBackend:
             topk_idx=dispatched.recv_topk_idx.detach().to(torch.int64).cpu(),
             topk_weights=dispatched.recv_topk_weights.detach().cpu(),
             num_recv_tokens_per_expert=[int(c) for c in dispatched.num_recv_tokens_per_expert],
-            extras=dict(dispatched.extras) if "layout" in self.capabilities else {},
+            layout=self._layout(dispatched),
             expert_alignment=self.alignment(example),
         )
+
+    def _layout(self, dispatched: Dispatched) -> Layout | None:
+        """The layout the wrapper exposes, typed (capability ``layout``), or ``None``."""
+        if "layout" not in self.capabilities:
+            return None
+        given = dispatched.extras
+        return given if isinstance(given, (V1Layout, V2Layout)) else layout_of(self.api, dict(given))
 
     @staticmethod
     def _raw(dispatched: Dispatched) -> Raw:

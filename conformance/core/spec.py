@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from enum import Enum
 
 APIS = {"v1": "Buffer", "v2": "ElasticBuffer"}
 IMPLS = ("emulated", "real")
@@ -23,10 +24,45 @@ CLASS = "class"
 #: The entry-point group an installed package registers its plug-in backends in.
 ENTRY_POINT_GROUP = "deepep_conformance.backends"
 
-#: What a backend can declare.  A property that needs a capability the backend lacks is reported
-#: ``unsupported`` for that backend, with the reason; an optional part of a check it lacks is listed under
-#: ``not_checked`` in the report.  Never a failure, never a silent pass.
-CAPABILITIES: dict[str, str] = {
+
+class Capability(str, Enum):
+    """What a backend can declare: a property that needs a capability the backend lacks reports it ``unsupported``,
+    with the reason; an optional part of a check it lacks is listed under ``not_checked``.  Never a failure, never a
+    silent pass.  A member is its own name (``Capability.combine == "combine"``, and hashes as that string), so the
+    strings plug-ins declare and the members mix in sets and dict keys."""
+
+    combine = "combine"
+    combine_weights = "combine_weights"
+    combine_bias = "combine_bias"
+    expert_alignment = "expert_alignment"
+    cached_dispatch = "cached_dispatch"
+    autograd = "autograd"
+    events = "events"
+    layout = "layout"
+    expand = "expand"
+    deterministic = "deterministic"
+    qp_cap = "qp_cap"
+    bad_input = "bad_input"
+    api_surface = "api_surface"
+    fp8 = "fp8"
+    worst_case = "worst_case"
+    low_latency = "low_latency"
+    shrink = "shrink"
+    ll_buffer = "ll_buffer"
+    dispatch_options = "dispatch_options"
+    buffer_options = "buffer_options"
+    epilogue_events = "epilogue_events"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def caps(*names: str) -> frozenset[Capability]:
+    """The capabilities ``names`` (an unknown name is a ``ValueError`` at import)."""
+    return frozenset(Capability(name) for name in names)
+
+#: What each :class:`Capability` promises (the docs and the reasons of ``unsupported`` verdicts quote it).
+_PROMISES: dict[str, str] = {
     "combine": "combine(expert outputs, handle): the rows go back to their source tokens, summed (P5, P6)",
     "combine_weights": "combine takes topk_weights and returns the combined weights (P5, P9, P10)",
     "combine_bias": "combine adds one or two bias tensors (P5 cases with num_bias > 0)",
@@ -34,7 +70,7 @@ CAPABILITIES: dict[str, str] = {
     "cached_dispatch": "a dispatch through the handle of an earlier one: same layout, new payload (P7, P9)",
     "autograd": "differentiable dispatch / combine: backward = combine / cached dispatch (P9)",
     "events": "async_finish with a wait, and previous_event ordering after prior compute (P10)",
-    "layout": "the API's layout outputs in DispatchView.extras: V1 get_dispatch_layout, V2 handle prefix sums (P2)",
+    "layout": "the API's layout outputs (DispatchView.layout): V1 get_dispatch_layout, V2 handle prefix sums (P2)",
     "expand": "V2 do_expand=True layout (P8)",
     "deterministic": "V2 deterministic=True buffers (P13)",
     "qp_cap": "V2 QP budget, SM reuse and the pinned num_max_tokens_per_rank (P11)",
@@ -55,17 +91,19 @@ CAPABILITIES: dict[str, str] = {
     "epilogue_events": "V2 previous_event_before_epilogue on dispatch and combine (dispatch/combine(before_epilogue="
                        "capture())): the epilogue waits for the event's work (P22)",
 }
+CAPABILITIES: dict[Capability, str] = {Capability(name): text for name, text in _PROMISES.items()}
+assert set(CAPABILITIES) == set(Capability), "every capability says what it promises"
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
-BUILTIN_ONLY = frozenset({"qp_cap", "bad_input", "api_surface"})
+BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface")
 #: What a plug-in may declare.
 PLUGIN_CAPABILITIES: dict[str, str] = {name: text for name, text in CAPABILITIES.items() if name not in BUILTIN_ONLY}
-_COMMON = frozenset({"combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch",
-                     "autograd", "events", "layout", "bad_input", "api_surface"})
+_COMMON = caps("combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch", "autograd",
+               "events", "layout", "bad_input", "api_surface")
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
-    "v1": _COMMON | {"fp8", "worst_case", "low_latency", "shrink", "ll_buffer"},
-    "v2": _COMMON | {"expand", "deterministic", "qp_cap", "fp8", "worst_case", "dispatch_options", "buffer_options",
-                     "epilogue_events"},
+    "v1": _COMMON | caps("fp8", "worst_case", "low_latency", "shrink", "ll_buffer"),
+    "v2": _COMMON | caps("expand", "deterministic", "qp_cap", "fp8", "worst_case", "dispatch_options", "buffer_options",
+                         "epilogue_events"),
 }
 #: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
 DEEP_EP_KINDS = ("real", "emulation")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,12 +37,64 @@ class DispatchOptions:
 
 
 @dataclass
+class V1Layout:
+    """What V1 says of a dispatch's layout on this rank: ``Buffer.get_dispatch_layout`` of its own ``topk_idx`` and
+    the handle's channel count (one column of its channel prefix matrix per channel: ``config.num_sms // 2``)."""
+
+    num_tokens_per_rank: torch.Tensor  # [num_ranks] int
+    num_tokens_per_expert: torch.Tensor  # [num_experts] int
+    is_token_in_rank: torch.Tensor  # [num_tokens, num_ranks] bool
+    num_channels: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Every field by name (what a repeated or asynchronous dispatch must reproduce)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class V2Layout:
+    """What V2's ``EPHandle`` says of a dispatch on this rank (counts, prefix sums, where each row came from) and the
+    facts of the call a check reads (the SM count and buffer size it ran with, whether the handle kept the caller's
+    own ``topk_idx``)."""
+
+    num_unaligned_recv_tokens_per_expert: torch.Tensor  # [local experts] int
+    psum_num_recv_tokens_per_expert: torch.Tensor  # [local experts] int, inclusive, aligned
+    psum_num_recv_tokens_per_scaleup_rank: torch.Tensor  # [scale-up peers] int, inclusive
+    num_recv_tokens: int
+    recv_src_metadata: torch.Tensor  # [rows, 2 + num_topk] int: (source token id, source rank id, slots...)
+    num_sms: int | None = None
+    num_bytes: int | None = None
+    #: ``do_handle_copy=False`` keeps the caller's ``topk_idx`` in the handle (deep_ep/buffers/elastic.py:1005)
+    handle_topk_idx_is_input: bool | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Every field by name (what a repeated or asynchronous dispatch must reproduce; ``recv_src_metadata`` has
+        one row per received row)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+Layout = V1Layout | V2Layout
+
+
+def layout_of(api: str, fields: dict[str, Any]) -> Layout:
+    """A plug-in's layout fields (``Dispatched.extras``, capability ``layout``) as the layout type of its API; a
+    missing or unknown field is a ``TypeError`` naming it."""
+    cls = V2Layout if api == "v2" else V1Layout
+    try:
+        return cls(**fields)
+    except TypeError as exc:
+        raise TypeError(f"the layout fields of a {api} backend are {', '.join(cls.__dataclass_fields__)} "
+                        f"({cls.__name__}); got {', '.join(fields) or 'none'}: {exc}") from None
+
+
+@dataclass
 class DispatchView:
     """One rank's dispatch result, rows identified by source (rank, token) instead of by position.
 
     ``x``, ``topk_idx`` and ``topk_weights`` are the raw received rows (CPU copies); ``src_rank`` /
-    ``src_token`` say where each row came from.  ``extras`` holds API-specific fields (handle tensors,
-    prefix sums) for the properties that look at them.
+    ``src_token`` say where each row came from.  ``layout`` holds what the API says of the layout (V1's
+    ``get_dispatch_layout``, V2's handle prefix sums) for the properties that look at it: ``None`` for a plug-in
+    that does not expose it (capability ``layout``).
     """
 
     backend: str
@@ -52,10 +105,26 @@ class DispatchView:
     topk_idx: torch.Tensor  # [N, num_topk] int64, local expert or -1
     topk_weights: torch.Tensor  # [N, num_topk] float32
     num_recv_tokens_per_expert: list[int]
-    extras: dict[str, Any] = field(default_factory=dict)
+    layout: Layout | None = None
     api: str = ""  # "v1" / "v2": the contract the backend follows (empty: read from a built-in backend's name)
     #: The expert_alignment the backend applied, when not the example's (a wrapper that takes none applies 1).
     expert_alignment: int | None = None
+
+
+def v1_layout(view: DispatchView) -> V1Layout:
+    """V1's layout of ``view`` (a V1 backend's view; else an ``AssertionError`` naming the call)."""
+    if not isinstance(view.layout, V1Layout):
+        raise AssertionError(f"{view.backend} gave no V1 layout (get_dispatch_layout) but "
+                             f"{type(view.layout).__name__} [{view.call}]")
+    return view.layout
+
+
+def v2_layout(view: DispatchView) -> V2Layout:
+    """The V2 handle's layout of ``view`` (a V2 backend's view; else an ``AssertionError`` naming the call)."""
+    if not isinstance(view.layout, V2Layout):
+        raise AssertionError(f"{view.backend} gave no V2 handle layout (prefix sums, recv_src_metadata) but "
+                             f"{type(view.layout).__name__} [{view.call}]")
+    return view.layout
 
 
 @dataclass

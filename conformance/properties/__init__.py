@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from conformance.core.example import Example
 from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
-from conformance.core.spec import APIS, CAPABILITIES
+from conformance.core.spec import APIS, CAPABILITIES, Capability
 from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
@@ -155,6 +155,10 @@ def register(prop: Property) -> Property:
     """Add ``prop`` to the catalog and give it its pytest test (``prop.test``)."""
     if prop.id in _REGISTRY:
         raise ValueError(f"property {prop.id!r} registered twice")
+    unknown = [need for need in prop.needs if need not in CAPABILITIES]
+    if unknown or any(api not in APIS for api in prop.apis):
+        raise ValueError(f"property {prop.id!r}: unknown capabilities {unknown} or APIs {prop.apis}; capabilities: "
+                         f"{', '.join(CAPABILITIES)}; APIs: {', '.join(APIS)}")
     import pytest
 
     @pytest.mark.conformance_property(prop.id)
@@ -164,7 +168,8 @@ def register(prop: Property) -> Property:
     test.__doc__ = prop.title
     caller = inspect.currentframe()
     module = caller.f_back.f_globals.get("__name__", "") if caller is not None and caller.f_back else ""
-    entry = Property(**{**prop.__dict__, "test": test, "module": prop.module or module})
+    entry = Property(**{**prop.__dict__, "test": test, "module": prop.module or module,
+                        "needs": tuple(Capability(need) for need in prop.needs)})
     _REGISTRY[prop.id] = entry
     return entry
 

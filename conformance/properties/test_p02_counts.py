@@ -8,7 +8,7 @@ from typing import Any
 from conformance.assertions import as_ints, assert_ints_equal, for_each_backend
 from conformance.canonical import api_of
 from conformance.core.example import Example, RankInputs, build_all_inputs
-from conformance.core.views import DispatchView
+from conformance.core.views import DispatchView, v1_layout, v2_layout
 from conformance.oracle import (
     expected_aligned_counts,
     expected_layout,
@@ -25,23 +25,23 @@ from conformance.tasks.dispatch import dispatch_views
 def check_v2_counts(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int) -> None:
     """V2 fields: raw counts, inclusive prefix sum of the aligned counts, received-token totals."""
     __tracebackhide__ = True
-    extras, call = view.extras, view.call
+    handle, call = v2_layout(view), view.call
     assert_ints_equal(
-        f"num_unaligned_recv_tokens_per_expert[rank {rank}]", extras["num_unaligned_recv_tokens_per_expert"],
+        f"num_unaligned_recv_tokens_per_expert[rank {rank}]", handle.num_unaligned_recv_tokens_per_expert,
         expected_raw_counts(example, inputs, rank), call=call, why="the oracle's raw counts",
     )
     assert_ints_equal(
-        f"psum_num_recv_tokens_per_expert[rank {rank}]", extras["psum_num_recv_tokens_per_expert"],
+        f"psum_num_recv_tokens_per_expert[rank {rank}]", handle.psum_num_recv_tokens_per_expert,
         expected_psum_per_expert(example, inputs, rank, do_expand=False), call=call,
         why=f"inclusive prefix sum of the counts rounded up to expert_alignment={example.expert_alignment}",
     )
     per_source = expected_tokens_per_source_rank(example, inputs, rank)
     total = sum(per_source)
-    assert_ints_equal(f"handle.num_recv_tokens[rank {rank}]", [extras["num_recv_tokens"]], [total], call=call,
+    assert_ints_equal(f"handle.num_recv_tokens[rank {rank}]", [handle.num_recv_tokens], [total], call=call,
                       why="tokens received, each once")
     assert_ints_equal(f"recv_x.shape[0][rank {rank}]", [view.x.shape[0]], [total], call=call,
                       why="tokens received, each once")
-    psum = as_ints(extras["psum_num_recv_tokens_per_scaleup_rank"])
+    psum = as_ints(handle.psum_num_recv_tokens_per_scaleup_rank)
     groups = len(psum)
     if groups == 0 or example.world_size % groups:
         raise AssertionError(
@@ -61,11 +61,11 @@ def check_v2_counts(view: DispatchView, example: Example, inputs: list[RankInput
 def check_v1_layout(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int) -> None:
     """V1 ``get_dispatch_layout`` outputs of this rank's own ``topk_idx``."""
     __tracebackhide__ = True
-    layout = expected_layout(example, inputs[rank])
+    got, layout = v1_layout(view), expected_layout(example, inputs[rank])
     call = f"Buffer.get_dispatch_layout(topk_idx, num_experts={example.num_experts}) on rank {rank}"
     for name in ("num_tokens_per_rank", "num_tokens_per_expert"):
-        assert_ints_equal(f"{name}[rank {rank}]", view.extras[name], layout[name], call=call)
-    in_rank = view.extras["is_token_in_rank"]
+        assert_ints_equal(f"{name}[rank {rank}]", getattr(got, name), layout[name], call=call)
+    in_rank = got.is_token_in_rank
     expected_in_rank = layout["is_token_in_rank"]
     got_rows = [[bool(v) for v in row] for row in in_rank.tolist()]
     if got_rows != expected_in_rank:
@@ -98,7 +98,7 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             why=f"raw counts {expected_raw_counts(applied, inputs, rank)} rounded up to "
             f"expert_alignment={applied.expert_alignment}",
         )
-        if not view.extras:  # a plug-in that does not expose its layout (capability 'layout')
+        if view.layout is None:  # a plug-in that does not expose its layout (capability 'layout')
             ctx.record_not_checked(backend, "P2 layout outputs (V1 get_dispatch_layout / V2 handle prefix sums): "
                                             "the backend does not declare the capability 'layout'")
         elif api_of(view) == "v2":

@@ -9,7 +9,7 @@ from typing import Any
 from conformance.assertions import assert_ints_equal, assert_receipts_equal, assert_same_tokens, for_each_backend
 from conformance.canonical import Segments, fold_expanded, receipts_from_view, segments_of, slot_pointers, token_rows
 from conformance.core.example import Example, RankInputs, build_all_inputs
-from conformance.core.views import DispatchView
+from conformance.core.views import DispatchView, v2_layout
 from conformance.oracle import (
     expected_aligned_counts,
     expected_psum_per_expert,
@@ -94,10 +94,10 @@ def check_expand_view(
     assert_ints_equal(f"num_recv_tokens_per_expert_list[rank {rank}]", view.num_recv_tokens_per_expert,
                       expected_aligned_counts(example, inputs, rank), call=call,
                       why=f"raw counts {raw} rounded up to expert_alignment={example.expert_alignment}")
+    layout = v2_layout(view)
     assert_ints_equal(f"num_unaligned_recv_tokens_per_expert[rank {rank}]",
-                      view.extras["num_unaligned_recv_tokens_per_expert"], raw, call=call,
-                      why="the oracle's raw counts")
-    assert_ints_equal(f"psum_num_recv_tokens_per_expert[rank {rank}]", view.extras["psum_num_recv_tokens_per_expert"],
+                      layout.num_unaligned_recv_tokens_per_expert, raw, call=call, why="the oracle's raw counts")
+    assert_ints_equal(f"psum_num_recv_tokens_per_expert[rank {rank}]", layout.psum_num_recv_tokens_per_expert,
                       expected_psum_per_expert(example, inputs, rank, do_expand=True), call=call,
                       why="expand mode: aligned sum of the experts before i plus expert i's raw count")
     segments = segments_of(view)

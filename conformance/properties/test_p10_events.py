@@ -56,7 +56,7 @@ def check_backend(ctx: CheckContext, example: Example, backend: str, results: li
             call = (f"{backend} Buffer.get_dispatch_layout(topk_idx written by a compute, previous_event=capture(), "
                     f"async_finish=True, allocate_on_comm_stream=True) + current_stream_wait() on rank {rank}")
             for name, tensor in got["layout"].items():
-                assert_bytes_equal(tensor, sync.extras[name], name=name, rank=rank, call=call,
+                assert_bytes_equal(tensor, getattr(sync.layout, name), name=name, rank=rank, call=call,
                                    against="the synchronous layout")
         for run in got.get("barrier", ()):
             given = ", ".join(f"{k}={v}" for k, v in run["kwargs"].items())

@@ -21,7 +21,7 @@ from conformance.core.views import DispatchView, Unsupported
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.layout import layout_examples
-from conformance.tasks.dispatch import DETERMINISTIC, repeated_views
+from conformance.tasks.dispatch import RepeatedRuns, repeated_views
 
 #: V1's receive order (recorded, DeepEP 2.1.0): by source rank, then source token.
 V1_ORDER = "V1's order: (source rank, source token)"
@@ -70,10 +70,10 @@ def assert_same_rows(det: DispatchView, ref: DispatchView | None, *, rank: int) 
                 )
 
 
-def assert_repeatable(key: str, runs: list[DispatchView], *, rank: int) -> None:
+def assert_repeatable(runs: list[DispatchView], *, deterministic: bool, rank: int) -> None:
     """Repeated identical dispatches agree bit for bit (in raw order unless V2's default mode)."""
     __tracebackhide__ = True
-    ordered = api_of(runs[0]) == "v1" or key.endswith(DETERMINISTIC)
+    ordered = api_of(runs[0]) == "v1" or deterministic
     what = (
         "repeated identical dispatches (raw row order)"
         if ordered
@@ -88,19 +88,23 @@ def assert_repeatable(key: str, runs: list[DispatchView], *, rank: int) -> None:
 def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
     """V2 ``deterministic=True`` equals V1's rows and order; repeated runs are bitwise identical per backend."""
     __tracebackhide__ = True
-    for rank, per_key in enumerate(per_rank):
+    for rank, per_backend in enumerate(per_rank):
         v1_views: list[DispatchView] = []
         det_views: list[DispatchView] = []
-        for key, runs in per_key.items():
+        for runs in per_backend.values():
             if isinstance(runs, Unsupported):
                 ctx.record_unsupported(runs, example)
                 continue
-            ctx.checking((runs[0].backend,))
-            assert_repeatable(key, runs, rank=rank)
-            if key.endswith(DETERMINISTIC):
-                det_views.append(runs[0])
-            elif api_of(runs[0]) == "v1":
-                v1_views.append(runs[0])
+            assert isinstance(runs, RepeatedRuns)
+            ctx.checking((runs.default[0].backend,))
+            assert_repeatable(runs.default, deterministic=False, rank=rank)
+            if api_of(runs.default[0]) == "v1":
+                v1_views.append(runs.default[0])
+            if isinstance(runs.deterministic, Unsupported):
+                ctx.record_unsupported(runs.deterministic, example)
+            elif runs.deterministic is not None:
+                assert_repeatable(runs.deterministic, deterministic=True, rank=rank)
+                det_views.append(runs.deterministic[0])
         for det in det_views:
             for ref in v1_views or [None]:
                 ctx.checking((ref.backend, det.backend) if ref is not None else (det.backend,))

@@ -33,7 +33,7 @@ from conformance.assertions import (
 )
 from conformance.canonical import fold_expanded, receipts_from_view, segments_of
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload
-from conformance.core.views import DispatchView
+from conformance.core.views import DispatchView, v2_layout
 from conformance.oracle import Receipts, expected_aligned_counts, expected_raw_counts, expected_receipts
 from conformance.oracle.counts import expected_padding_rows, expected_worst_expanded_rows
 from conformance.oracle.reduction import (
@@ -75,7 +75,7 @@ def check_handle_run(ctx: CheckContext, example: Example, inputs: list[RankInput
         weights = expected_combined_weights(example, inputs, rank, lambda dst, t, k: float(own[t, k]))
         assert_bytes_equal(run.combined_topk_weights, weights, name="combined_topk_weights", rank=rank, call=call,
                            labels=("token", "slot"))
-    aliased = run.view.extras.get("handle_topk_idx_is_input")
+    aliased = v2_layout(run.view).handle_topk_idx_is_input
     if aliased is None:
         ctx.record_not_checked(backend, "whether the handle keeps the caller's topk_idx (no handle_topk_idx_is_input)")
     elif bool(aliased) == run.caller_changed:
@@ -107,11 +107,12 @@ def check_no_sync_layout(view: DispatchView, example: Example, inputs: list[Rank
         raise AssertionError(f"recv_x / recv_topk_weights on rank {rank} have {view.x.shape[0]} / "
                              f"{view.topk_weights.shape[0]} rows, expected {worst} (the worst-case expanded "
                              f"allocation, csrc/elastic/buffer.hpp:1067-1070) [{view.call}]")
-    n = int(view.extras["psum_num_recv_tokens_per_scaleup_rank"][-1])
+    layout = v2_layout(view)
+    n = int(layout.psum_num_recv_tokens_per_scaleup_rank[-1])
     valid = dataclasses.replace(
         view, src_rank=view.src_rank[:n], src_token=view.src_token[:n],
         num_recv_tokens_per_expert=expected_aligned_counts(example, inputs, rank),
-        extras={**view.extras, "recv_src_metadata": view.extras["recv_src_metadata"][:n]})
+        layout=dataclasses.replace(layout, recv_src_metadata=layout.recv_src_metadata[:n]))
     assert_receipts_equal(fold_expanded(valid), receipts, rank=rank,
                           call=view.call + f" (its first {n} tokens, folded back in the oracle's expert segments)")
 

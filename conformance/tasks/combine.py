@@ -112,7 +112,7 @@ def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
         return CombineResult(call, x.cpu(), None if w is None else w.cpu(),
                              None if with_weights else "combined_topk_weights: the backend does not declare the "
                              "capability 'combine_weights' (combine was called without topk_weights)",
-                             reduction_group(adapter, raw), view.extras.get("num_channels"))
+                             reduction_group(adapter, raw), getattr(view.layout, "num_channels", None))
 
     return env.then_each_backend(_dispatched(env, DispatchOptions(v1_num_sms=case.v1_num_sms)), "combine", then)
 

@@ -3,13 +3,20 @@ deterministic dispatches."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from conformance.core.views import DispatchOptions, DispatchView, Unsupported
 from conformance.tasks.env import RankEnv, rank_task
 
-#: Suffix naming the ``deterministic=True`` runs of a V2 backend in :func:`repeated_views`.
-DETERMINISTIC = " [deterministic]"
+
+@dataclass
+class RepeatedRuns:
+    """One backend's repeated identical dispatches: with the default options, and (V2 backends that declare
+    ``deterministic``) on a ``deterministic=True`` buffer, or the :class:`Unsupported` that refused it."""
+
+    default: list[DispatchView]
+    deterministic: list[DispatchView] | Unsupported | None = None
 
 
 def dispatch_view(env: RankEnv, adapter: Any, options: DispatchOptions = DispatchOptions()) -> DispatchView:
@@ -35,15 +42,19 @@ def expand_views(env: RankEnv) -> dict[str, tuple[DispatchView, DispatchView] | 
 
 
 @rank_task
-def repeated_views(env: RankEnv, repeats: int = 2) -> dict[str, list[DispatchView] | Unsupported]:
-    """``repeats`` identical dispatches per backend, default options; V2 backends also with
-    ``deterministic=True`` where they declare it (keyed ``"<backend> [deterministic]"``)."""
+def repeated_views(env: RankEnv, repeats: int = 2) -> dict[str, RepeatedRuns | Unsupported]:
+    """Per backend, ``repeats`` identical dispatches with the default options; V2 backends also with
+    ``deterministic=True`` where they declare it (:class:`RepeatedRuns`)."""
 
     def runs(options: DispatchOptions) -> Any:
         return lambda adapter: [dispatch_view(env, adapter, options) for _ in range(repeats)]
 
-    out = env.each_backend("dispatch", runs(DispatchOptions()))
+    out: dict[str, RepeatedRuns | Unsupported] = {}
+    for name, result in env.each_backend("dispatch", runs(DispatchOptions())).items():
+        out[name] = result if isinstance(result, Unsupported) else RepeatedRuns(result)
     deterministic = env.each_backend("dispatch", runs(DispatchOptions(deterministic=True)), api="v2",
                                      capability="deterministic")
-    out.update((name + DETERMINISTIC, result) for name, result in deterministic.items())
+    for name, result in deterministic.items():
+        if isinstance(out[name], RepeatedRuns):
+            out[name].deterministic = result
     return out

@@ -98,7 +98,7 @@ class RankEnv:
         """A second stage per backend: ``call(adapter, first[backend])``; an :class:`Unsupported` first stage stays."""
         out: dict[str, Any] = {}
         for name, result in first.items():
-            spec = self.spec(name.split(" [", 1)[0])
+            spec = self.spec(name)
             out[name] = result if isinstance(result, Unsupported) else self.call(
                 spec, operation, lambda adapter, r=result: call(adapter, r))
         return out

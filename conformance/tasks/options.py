@@ -17,7 +17,7 @@ import torch
 
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, bias_argument, build_biases, second_payload
-from conformance.core.views import DispatchOptions, DispatchView, Raised
+from conformance.core.views import DispatchOptions, DispatchView, Raised, v2_layout
 from conformance.tasks.combine import reduction_group
 from conformance.tasks.env import RankEnv, rank_task
 from conformance.tasks.events import finish_all, side_compute, stale_copy
@@ -124,8 +124,9 @@ def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_
         scale = torch.tensor(float(1 + rank), dtype=torch.float32, device=recv_x.device)
         return (recv_x.float() * scale).to(torch.bfloat16), raw["recv_topk_weights"].float() * scale
     out = recv_x.clone()
-    ends = view.extras["psum_num_recv_tokens_per_expert"].tolist()  # aligned start + raw count, per local expert
-    counts = view.extras["num_unaligned_recv_tokens_per_expert"].tolist()
+    layout = v2_layout(view)
+    ends = layout.psum_num_recv_tokens_per_expert.tolist()  # aligned start + raw count, per local expert
+    counts = layout.num_unaligned_recv_tokens_per_expert.tolist()
     for local, (end, count) in enumerate(zip(ends, counts, strict=True)):
         expert = rank * experts_per_rank + local
         rows = slice(int(end) - int(count), int(end))
@@ -153,7 +154,8 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
                                bias=bias_argument(biases))
         return BufferOptionsResult(f"{view.call}, then {adapter.describe_combine(example, env.rank)}", x.cpu(),
                                    None if w is None else w.cpu(), reduction_group(adapter, raw),
-                                   view.extras.get("num_bytes"), hints, view.extras.get("num_sms"))
+                                   getattr(view.layout, "num_bytes", None), hints,
+                                   getattr(view.layout, "num_sms", None))
 
     def run(adapter: Any) -> dict[tuple[bool, bool], BufferOptionsResult]:
         hints = size_hints(adapter, case)
