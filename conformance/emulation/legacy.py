@@ -18,6 +18,7 @@ from ._low_latency import rdma_size_hint as ll_rdma_size_hint
 from ._refusals import check, refuse
 from ._topology import get_topology
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
+from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
 #: ``LEGACY_NUM_MAX_RDMA_PEERS``, ``LEGACY_NUM_MAX_LOCAL_EXPERTS``, ``LEGACY_NUM_BUFFER_ALIGNMENT_BYTES``.
@@ -111,6 +112,13 @@ def _nvl_clean_meta(
     )
 
 
+@seam("v1_buffer_alignment_bytes")
+def buffer_alignment_bytes() -> int:
+    """The alignment ``Buffer()`` requires of its NVLink and RDMA byte counts (:data:`BUFFER_ALIGNMENT_BYTES`)."""
+    return BUFFER_ALIGNMENT_BYTES
+
+
+@seam("v1_dispatch_nvl_bytes")
 def v1_dispatch_nvl_bytes(
     num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int, num_scales: int
 ) -> int:
@@ -137,11 +145,19 @@ def v1_combine_nvl_bytes(
     return num_channels * num_ranks * 4 * 2 + queue * hidden * elem_size + queue * 4 + queue * num_topk * 4
 
 
+@seam("v1_recv_topk_weights")
+def _recv_topk_weights(recv_topk_idx: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+    """V1's ``recv_topk_weights``: the sent weights, 0 at the slots whose expert is not local (index -1)."""
+    return torch.where(recv_topk_idx >= 0, sent, torch.zeros_like(sent))
+
+
 def _contiguous_nd(t: torch.Tensor, dims: int) -> bool:
     return t.dim() == dims and t.is_contiguous()
 
 
+@seam("v1_wait_previous_event")
 def _wait_previous(previous_event: EventOverlap | None) -> None:
+    """The call waits for ``previous_event`` (the wrapper's ``EventOverlap``; none: nothing to wait for)."""
     event = getattr(previous_event, "event", None)
     if event is not None:
         event.current_stream_wait()
@@ -196,12 +212,13 @@ class Buffer(LowLatencyMixin):
         self.group = group
         self.group_size = group.size()
         # The C++ constructor (csrc/legacy/buffer.hpp:107-116), before any communication
+        alignment = buffer_alignment_bytes()
         check(
-            num_nvl_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (num_nvl_bytes <= INT_MAX or num_rdma_bytes == 0),
+            num_nvl_bytes % alignment == 0 and (num_nvl_bytes <= INT_MAX or num_rdma_bytes == 0),
             "v1_init_nvl_bytes_alignment",
         )
         check(
-            num_rdma_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (low_latency_mode or num_rdma_bytes <= INT_MAX),
+            num_rdma_bytes % alignment == 0 and (low_latency_mode or num_rdma_bytes <= INT_MAX),
             "v1_init_rdma_bytes_alignment",
         )
         check((num_nvl_bytes % 2**64) // 16 < INT_MAX, "v1_init_nvl_bytes_too_large")  # size_t arithmetic
@@ -600,8 +617,7 @@ class Buffer(LowLatencyMixin):
         if topk_idx is not None:
             recv_topk_idx = _route.to_local_topk(recv.fields["topk_idx"], self.rank, experts_per_rank)
             if topk_weights is not None:
-                w = recv.fields["topk_weights"]
-                recv_topk_weights = torch.where(recv_topk_idx >= 0, w, torch.zeros_like(w))
+                recv_topk_weights = _recv_topk_weights(recv_topk_idx, recv.fields["topk_weights"])
         per_expert = torch.stack(recv.gathered["num_tokens_per_expert"]).reshape(self.group_size, num_experts)
         local_counts = per_expert[:, self.rank * experts_per_rank : (self.rank + 1) * experts_per_rank].sum(0)
         return recv, recv_topk_idx, recv_topk_weights, local_counts
