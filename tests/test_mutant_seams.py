@@ -18,7 +18,6 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from pathlib import Path
 from typing import Any
 from unittest import mock
 

@@ -208,6 +208,15 @@ _ARRIVALS = itertools.count(1)
 _SEEDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
 
 
+def _seed_of(handle: Any) -> int | None:
+    """The seed of ``handle``'s dispatch (``None``: a fresh dispatch, or an argument that is no handle at all, e.g. a
+    bad call's V1 tuple, which takes no weak reference)."""
+    try:
+        return None if handle is None else _SEEDS.get(handle)
+    except TypeError:
+        return None
+
+
 def _arrival_order(seed: int) -> Any:
     """A ``receive_order``: rows grouped by the scale-up peer they arrive through (the source rank on one node, like
     the real library's per-peer blocks), shuffled inside each group by ``seed``."""
@@ -239,7 +248,7 @@ def v2_shuffled_receive_order() -> Iterator[None]:
         if self.deterministic:
             return original(self, *args, **kwargs)
         handle = call_argument(original, self, args, kwargs, "handle")
-        seed = _SEEDS.get(handle) if handle is not None else None
+        seed = _seed_of(handle)
         seed = next(_ARRIVALS) if seed is None else seed
         current.append(seed)
         try:
