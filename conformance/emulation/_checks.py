@@ -37,7 +37,7 @@ def expect_dtype(tensor: torch.Tensor | None, dtype: torch.dtype, row_id: str | 
 
     ``row_id`` names the refusal-table row, so that a mutant can drop this check.
     """
-    if tensor is not None and tensor.dtype != dtype and (row_id is None or row_id not in _refusals.SUPPRESSED):
+    if tensor is not None and tensor.dtype != dtype and (row_id is None or _refusals.enforced(row_id)):
         raise RuntimeError(
             f"expected scalar type {scalar_type_name(dtype)} but found {scalar_type_name(tensor.dtype)}"
         )
@@ -47,7 +47,7 @@ def size(tensor: torch.Tensor, dim: int, row_id: str | None = None) -> int:
     """``tensor.size(dim)`` as C++ evaluates it: c10's ``IndexError`` when ``dim`` is out of range."""
     if dim < tensor.dim():
         return int(tensor.shape[dim])
-    if row_id is not None and row_id in _refusals.SUPPRESSED:
+    if row_id is not None and not _refusals.enforced(row_id):
         return 0
     if tensor.dim() == 0:
         raise IndexError(f"Dimension specified as {dim} but tensor has no dimensions")

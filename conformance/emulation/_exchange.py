@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from . import _comm
+from .seams import seam
 
 Fields = dict[str, torch.Tensor | None]
 
@@ -23,6 +24,7 @@ class Received:
     gathered: dict[str, list[torch.Tensor]]  # every rank's full input, per field (and per whole tensor, flat)
 
 
+@seam("exchange")
 def gather_selected(
     group: dist.ProcessGroup,
     device: torch.device,

@@ -19,12 +19,19 @@ import torch.distributed as dist
 
 from . import _comm
 from ._refusals import check
+from .seams import seam
 
 #: ``LEGACY_NUM_TIMEOUT_CYCLES`` (csrc/kernels/legacy/compiled.cuh:18): a receiver waiting longer masks the peer.
 TIMEOUT_CYCLES = 200_000_000_000
 #: What the emulation charges a wait that ended with the data there (it has no clock; DIVERGENCES.md).
 NOMINAL_WAIT_CYCLES = 1
 _SIZE_T = 2**64
+
+
+@seam("ll_nominal_wait_cycles")
+def nominal_wait_cycles() -> int:
+    """The cycles a wait that found its data is charged (:data:`NOMINAL_WAIT_CYCLES`)."""
+    return NOMINAL_WAIT_CYCLES
 
 
 def _sz(value: int) -> int:
@@ -138,6 +145,7 @@ class LowLatencyBuffer:
         flat = self.bytes[begin:self.num_rdma_bytes - (self.num_rdma_bytes - begin) % 2].view(torch.bfloat16)
         return flat.as_strided((num_local, rows, hidden), (rows * elems, elems, 1))
 
+    @seam("ll_masked")
     def masked(self) -> list[bool]:
         """This rank's mask now (all unmasked without a mask buffer)."""
         return [False] * self.num_ranks if self.mask is None else [bool(v) for v in self.mask.tolist()]

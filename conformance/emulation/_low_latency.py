@@ -16,6 +16,7 @@ import torch
 from . import _checks, _exchange, _ll_buffer, _refusals, _sizing
 from ._ll_buffer import LowLatencyBuffer, barrier, exchange_with_masks, fits, layout
 from ._refusals import check, refuse
+from .seams import seam
 from .utils.event import EventHandle, EventOverlap, defer
 
 #: ``SWITCH_HIDDEN`` of the low-latency launchers (internode_ll.cu:552 and :1236).
@@ -42,6 +43,7 @@ LAYOUT_ROWS = {call: (f"v1_ll_{call}_layout_142", f"v1_ll_{call}_layout_150", f"
                for call in ("dispatch", "combine", "clean", "next_buffer", "size_hint")}
 
 
+@seam("ll_layout_total_bytes")
 def layout_total_bytes(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """``LowLatencyLayout::total_bytes`` (csrc/legacy/config.hpp:131-166): two send, two receive and two
     signalling buffers (``_ll_buffer.layout``)."""
@@ -68,6 +70,7 @@ def _pow2(exponent: torch.Tensor) -> torch.Tensor:
     return ((exponent.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
+@seam("ll_fp8_cast")
 def fp8_cast(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The dispatch send phase's cast of bf16 ``x [n, hidden]``: ``(float8_e4m3fn [n, hidden], scale_inv float32
     [n, hidden // 128])``, per 128 channels: ``amax = max(1e-4, max |x|)``; ``scale_inv = amax * (1/448)`` and
@@ -87,6 +90,7 @@ def fp8_cast(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Te
     return scaled.to(torch.float8_e4m3fn).reshape(n, hidden), scale_inv
 
 
+@seam("ll_ue8m0_bytes")
 def ue8m0_bytes(scale_inv: torch.Tensor) -> torch.Tensor:
     """``extract_required_scale_format<true>``: bits 23..30 of each float32 scale, as uint8."""
     return ((scale_inv.to(torch.float32).view(torch.int32) >> 23) & 0xFF).to(torch.uint8)
@@ -132,6 +136,7 @@ def logfmt_roundtrip(x: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------------------ the Buffer side
 
+@seam("ll_deliver")
 def _deliver(receive: Callable[[], None], return_recv_hook: bool, async_finish: bool,
              device: torch.device) -> EventOverlap:
     """The receive phase of a low-latency call: left to the hook (``return_recv_hook``); with ``async_finish`` on CPU,
@@ -184,7 +189,7 @@ class LowLatencyMixin:
         """``assert self.nvshmem_qp_depth >= (num_max_dispatch_tokens_per_rank + 1) * 2`` (legacy.py:609 / :665):
         an ``AttributeError`` on a buffer that never set the depth (no low-latency mode, one RDMA rank)."""
         depth = self.__dict__.get("nvshmem_qp_depth")
-        if depth is None and row_not_ll not in _refusals.SUPPRESSED:
+        if depth is None and _refusals.enforced(row_not_ll):
             refuse(row_not_ll)
         check(depth is None or depth >= (num_max_dispatch_tokens_per_rank + 1) * 2, row_qp)
 
@@ -262,8 +267,7 @@ class LowLatencyMixin:
         check(fits(lay, 0, self.num_rdma_bytes) and fits(lay, 1, self.num_rdma_bytes), "v1_ll_clean_1440")
         state = self._ll()
         barrier(self.group, state, state.device)
-        for index in (0, 1):
-            state.words(lay, index).zero_()
+        _clean_signals(state, lay)
         barrier(self.group, state, state.device)
 
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
@@ -388,7 +392,7 @@ class LowLatencyMixin:
                     elif int(before[e, s]) != 0:  # a stale word: taken as the count without waiting
                         count = _ll_buffer.int32(-int(before[e, s]) - 1)
                     elif sent[s]:
-                        count, wait, rows = len(orders[e][s]), _ll_buffer.NOMINAL_WAIT_CYCLES, orders[e][s]
+                        count, wait, rows = len(orders[e][s]), _ll_buffer.nominal_wait_cycles(), orders[e][s]
                     else:  # the source masked me: nothing comes
                         count, wait = 0, _ll_buffer.TIMEOUT_CYCLES + 1
                         timed_out.add(s)
@@ -522,7 +526,7 @@ class LowLatencyMixin:
                 elif int(before[expert]) != 0:  # a stale flag: the rows are read before (if ever) they arrive
                     stale[expert] = True
                 elif bool(arrived[expert]):
-                    wait = _ll_buffer.NOMINAL_WAIT_CYCLES
+                    wait = _ll_buffer.nominal_wait_cycles()
                 else:
                     wait = _ll_buffer.TIMEOUT_CYCLES + 1
                     timed_out.add(owner)
@@ -548,6 +552,14 @@ class LowLatencyMixin:
         return state.staging(lay, state.index, num_experts // self.group_size, self.group_size * t_max, hidden)
 
 
+@seam("ll_clean_signals")
+def _clean_signals(state: LowLatencyBuffer, lay: _ll_buffer.Layout) -> None:
+    """``clean_low_latency_buffer``'s kernel between its barriers: both signalling buffers of layout ``lay`` zeroed
+    (internode_ll.cu:71-99)."""
+    for index in (0, 1):
+        state.words(lay, index).zero_()
+
+
 def _slot_order(topk_idx: torch.Tensor, expert: int) -> torch.Tensor:
     """A source's messages to ``expert``: one per top-k slot naming it, as source token indices (ascending)."""
     hits = (topk_idx == expert).sum(dim=1)
@@ -559,6 +571,7 @@ def _wrap32(values: torch.Tensor) -> torch.Tensor:
     return ((values + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
+@seam("ll_combine_reduce")
 def _reduce(got_x: torch.Tensor, key: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, hidden: int,
             num_experts: int, num_local: int, skip: torch.Tensor, stale: torch.Tensor) -> torch.Tensor:
     """float32 ``sum over slots k of weight[t, k] * row(t, topk_idx[t, k])`` in slot order (the kernel's

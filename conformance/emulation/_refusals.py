@@ -5,7 +5,8 @@ id of its table row, so the exception type and message come from one place, the 
 ``expression`` columns the self-test re-reads from the library's source.  Messages may carry ``{name}``
 placeholders filled from the keyword arguments (e.g. ``Unsupported number of EP ranks: {num_ranks}``).
 
-:data:`SUPPRESSED` lets a mutant drop one refusal narrowly (``conformance/mutation/mutants/refusals.py``).
+:func:`enforced` is a call seam (``seams.py``): a mutant drops one refusal there narrowly
+(``conformance/mutants/refusals.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import tomllib
+
+from .seams import seam
 
 #: The project's refusal table (one ``[[refusal]]`` per library refusal).
 TABLE_PATH = Path(__file__).with_name("refusals.toml")
@@ -29,8 +32,6 @@ EXCEPTIONS: dict[str, type[BaseException]] = {
 #: Values of placeholders the emulation cannot know (the real message carries them; see the row's note).
 DEFAULT_VALUES = {"build_root": "<DeepEP build root>"}
 
-#: Row ids whose check is switched off (mutation testing only; empty in normal use).
-SUPPRESSED: set[str] = set()
 
 
 @functools.cache
@@ -59,15 +60,22 @@ def refuse(row_id: str, **values: Any) -> NoReturn:
     raise error(row_id, **values)
 
 
+@seam("refusal_enforced")
+def enforced(row_id: str) -> bool:
+    """Whether the refusal of row ``row_id`` is enforced: always, as in the library (a planted defect drops one)."""
+    del row_id
+    return True
+
+
 def check(ok: bool, row_id: str, **values: Any) -> None:
-    """Raise the library's exception for row ``row_id`` unless ``ok`` (or the row is suppressed)."""
-    if not ok and row_id not in SUPPRESSED:
+    """Raise the library's exception for row ``row_id`` unless ``ok`` (or the row is not :func:`enforced`)."""
+    if not ok and enforced(row_id):
         raise error(row_id, **values)
 
 
 def violated(ok: bool, row_id: str) -> bool:
-    """Whether the condition of ``row_id`` is violated (``not ok``) and the row is not suppressed."""
-    return not ok and row_id not in SUPPRESSED
+    """Whether the condition of ``row_id`` is violated (``not ok``) and the row is :func:`enforced`."""
+    return not ok and enforced(row_id)
 
 
 def message_pattern(row_id: str) -> str:

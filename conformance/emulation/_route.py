@@ -1,8 +1,7 @@
 """Pure routing math shared by the emulated ``Buffer`` and ``ElasticBuffer``.
 
 Every function here is side-effect free (except ``rewrite_send_head_for_combine``, which mirrors an
-in-place kernel) and is looked up through this module by the buffer classes, so a mutation test can
-monkeypatch any single one of them (``monkeypatch.setattr(_route, 'combine_reduce', mutant)``).
+in-place kernel).  The ones a planted defect may replace are call seams (``@seam``, ``seams.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +10,14 @@ from collections.abc import Sequence
 
 import torch
 
+from .seams import seam
+
 #: ``send_head`` base the real ``cached_notify_combine`` uses when no later token of the channel
 #: reached the rank.
 SEND_HEAD_SENTINEL = 1 << 25
 
 
+@seam("align_up")
 def align_up(value: int, alignment: int) -> int:
     """Round ``value`` up to a multiple of ``alignment``."""
     return (value + alignment - 1) // alignment * alignment
@@ -74,6 +76,7 @@ def compute_layout(
     return per_rank, per_rdma, per_expert, in_rank
 
 
+@seam("to_local_topk")
 def to_local_topk(topk_idx: torch.Tensor, rank: int, experts_per_rank: int) -> torch.Tensor:
     """Global expert ids -> this rank's local expert index, ``-1`` for experts elsewhere (or none)."""
     lo = rank * experts_per_rank
@@ -82,6 +85,7 @@ def to_local_topk(topk_idx: torch.Tensor, rank: int, experts_per_rank: int) -> t
     return torch.where(keep, local, torch.full_like(topk_idx, -1))
 
 
+@seam("count_per_local_expert")
 def count_per_local_expert(recv_topk_idx: torch.Tensor, num_local_experts: int) -> list[int]:
     """Raw number of received (token, slot) pairs per local expert."""
     valid = recv_topk_idx[recv_topk_idx >= 0]
@@ -150,13 +154,19 @@ def rewrite_send_head_for_combine(head: torch.Tensor, num_channels: int) -> torc
     return head
 
 
+@seam("receive_order")
 def receive_order(
     src_ranks: torch.Tensor,
     src_tokens: torch.Tensor,
     num_max_tokens_per_rank: int,
     group_key: torch.Tensor | None = None,
+    deterministic: bool = False,
 ) -> torch.Tensor:
-    """Permutation putting received tokens in (group_key, source rank, source token) order."""
+    """Permutation putting received tokens in (group_key, source rank, source token) order.
+
+    ``deterministic`` (whether the caller asked for the deterministic order) does not change it: the emulation's
+    arrival order is this sorted one either way (DIVERGENCES.md); a planted defect may tell the two apart."""
+    del deterministic
     key = src_ranks.to(torch.int64) * num_max_tokens_per_rank + src_tokens.to(torch.int64)
     if group_key is not None:
         key = key + group_key.to(torch.int64) * (1 << 40)
@@ -192,6 +202,7 @@ def dst_buffer_slots(
     return out
 
 
+@seam("expand_layout")
 def expand_layout(
     recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int
 ) -> tuple[torch.Tensor, list[int], list[int]]:
@@ -220,6 +231,7 @@ def expand_layout(
     return slots, raw, starts
 
 
+@seam("combine_reduce")
 def combine_reduce(
     num_tokens: int,
     hidden: int,
@@ -243,6 +255,7 @@ def combine_reduce(
     return acc.to(out_dtype)
 
 
+@seam("combine_reduce_two_level")
 def combine_reduce_two_level(
     num_tokens: int,
     hidden: int,

@@ -12,6 +12,7 @@ import math
 import os
 
 from . import _refusals
+from .seams import seam
 
 H200_NUM_SMS = 132
 #: ``sharedMemPerBlockOptin`` of an H100/H200 (227 KiB), what ``get_num_smem_bytes()`` reads.
@@ -36,6 +37,7 @@ def rdma_gbs() -> float:
     return float(os.environ.get("DEEP_EP_EMULATION_RDMA_GBS", DEFAULT_RDMA_GBS))
 
 
+@seam("device_num_sms")
 def device_num_sms() -> int:
     """SM count stand-in (override with ``DEEP_EP_EMULATION_NUM_SMS``)."""
     return int(os.environ.get("DEEP_EP_EMULATION_NUM_SMS", H200_NUM_SMS))
@@ -157,6 +159,7 @@ def dispatch_token_bytes(hidden: int, elem_size: int, num_sf_packs: int, num_top
     return token_bytes(hidden * elem_size, num_sf_packs * 4, num_topk, True, with_mbarrier, row_id)
 
 
+@seam("v2_combine_token_bytes")
 def combine_token_bytes(hidden: int, num_topk: int, with_mbarrier: bool, row_id: str) -> int:
     """``get_combine_token_layout`` (csrc/kernels/elastic/combine.hpp:109) bytes (bf16 payload)."""
     return token_bytes(hidden * 2, 0, num_topk, False, with_mbarrier, row_id)
@@ -198,6 +201,7 @@ def combine_buffer_size(
     )
 
 
+@seam("v2_buffer_size_hint")
 def buffer_size_hint(
     num_max_tokens_per_rank: int,
     hidden: int,

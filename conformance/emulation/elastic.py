@@ -18,6 +18,7 @@ import torch.distributed as dist
 from . import _checks, _exchange, _refusals, _route, _sizing
 from ._refusals import check
 from ._topology import Topology, get_topology
+from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
 XType = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -114,6 +115,12 @@ COLLECTED_AFTER_GROUP = ("terminate called after throwing an instance of 'EPExce
                          "access was encountered)")
 #: The buffers built with ``explicitly_destroy=False`` that are still alive (their destructor runs ``destroy()``).
 _implicitly_destroyed: weakref.WeakSet = weakref.WeakSet()
+
+
+def collect_at_exit(buffer: ElasticBuffer) -> None:
+    """The interpreter's exit runs ``buffer``'s destructor if it is still alive then (a buffer built with
+    ``explicitly_destroy=False``: the destructor calls ``destroy()`` itself, on whatever group is left)."""
+    _implicitly_destroyed.add(buffer)
 
 
 def _group_destroyed(group: object) -> bool:
@@ -252,7 +259,7 @@ class ElasticBuffer:
         self.explicitly_destroy = explicitly_destroy
         self.runtime: object | None = object()
         if not explicitly_destroy:
-            _implicitly_destroyed.add(self)
+            collect_at_exit(self)
         self._sm_cache: dict[tuple, int] = {}
         #: Emulation-only, documented in DIVERGENCES.md: the SM/QP counts of the last dispatch/combine launch.
         self.last_launch: dict[str, object] | None = None
@@ -270,6 +277,12 @@ class ElasticBuffer:
     def destroy(self) -> None:
         """Release the buffer (requires ``explicitly_destroy=True``; a second call does nothing, as the real one)."""
         check(self.explicitly_destroy, "v2_destroy_not_explicit")
+        self._release()
+
+    @seam("v2_release")
+    def _release(self) -> None:
+        """What ``destroy()`` does once its check passed: the runtime is released (the buffer refuses every call
+        after it)."""
         self.runtime = None
 
     def _check_alive(self) -> None:
@@ -420,7 +433,7 @@ class ElasticBuffer:
         expert_alignment = _value_or(expert_alignment, 1)
         check(self.runtime is not None, "v2_dispatch_after_destroy")
         # pybind11 argument conversion of ``self.runtime.dispatch(...)``
-        if num_experts is None and "v2_dispatch_num_experts_none_explicit_sms" not in _refusals.SUPPRESSED:
+        if num_experts is None and _refusals.enforced("v2_dispatch_num_experts_none_explicit_sms"):
             raise _pybind_type_error("dispatch", "v2_dispatch_num_experts_none_explicit_sms")
         if _refusals.violated(_event_arguments_ok(previous_event, previous_event_before_epilogue),
                               "v2_dispatch_event_type"):
@@ -510,6 +523,7 @@ class ElasticBuffer:
             handle.cached_recv_src_metadata_before_sort = handle.recv_src_metadata.clone()
         check(handle.cached_recv_src_metadata_before_sort is not None, "v2_dispatch_deterministic_sort_without_cache")
 
+    @seam("v2_dispatch_checks")
     def _check_dispatch(
         self,
         x: torch.Tensor,
@@ -614,6 +628,7 @@ class ElasticBuffer:
         check(num_topk <= 32, "v2_dispatch_topk_too_large")  # the JIT build's EP_STATIC_ASSERT(kNumTopk <= 32)
         return channels
 
+    @seam("v2_receive")
     def _receive(
         self,
         x: torch.Tensor,
@@ -640,7 +655,8 @@ class ElasticBuffer:
         )
         hybrid = self.num_scaleout_ranks > 1
         group_key = recv.src_rank % self.num_scaleup_ranks if hybrid and not self.deterministic else None
-        order = _route.receive_order(recv.src_rank, recv.src_token, num_max_tokens_per_rank, group_key)
+        order = _route.receive_order(recv.src_rank, recv.src_token, num_max_tokens_per_rank, group_key,
+                                     deterministic=self.deterministic)
         src_rank, src_token = recv.src_rank[order], recv.src_token[order]
         got = {name: (None if t is None else t[order]) for name, t in recv.fields.items()}
         global_topk = got["topk_idx"]
@@ -810,6 +826,7 @@ class ElasticBuffer:
         event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
         return combined_x, combined_w, event_overlap
 
+    @seam("v2_reduces_on_the_way")
     def _reduces_on_the_way(self) -> bool:
         """Whether combine's kernels reduce before the receiver's epilogue (their ``kAllowMultipleReduction``
         template flag, the buffer's ``allow_multiple_reduction``): per rank in expand mode, per node in hybrid mode.

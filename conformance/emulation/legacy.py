@@ -1,5 +1,11 @@
 """Emulated legacy API: ``deep_ep.Buffer`` (intranode and internode high-throughput dispatch/combine).
 
+The two paths differ where the library's do: their checks (rows and order of ``Buffer::intranode_dispatch`` /
+``internode_dispatch`` and their combines), their handles and the combine's rounding.  The rest is one code:
+a dispatch once checked (``_cached_dispatch``, ``_fresh_dispatch``), the checks both make alike
+(``_check_dispatch_inputs``, ``_check_combine_inputs``, ``_check_biases``, ``Buffer._check_notify``) and the
+reduction (``Buffer._reduce_back``).
+
 (Over 400 lines: one class mirroring the library's one class, whose dispatch, combine and handle layout must
 stay side by side to be compared with ``deep_ep/buffers/legacy.py``.)
 """
@@ -7,9 +13,12 @@ stay side by side to be compared with ``deep_ep/buffers/legacy.py``.)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+from torch import Tensor
 
 from . import _checks, _exchange, _route, _sizing
 from ._checks import INT_MAX
@@ -18,6 +27,7 @@ from ._low_latency import rdma_size_hint as ll_rdma_size_hint
 from ._refusals import check, refuse
 from ._topology import get_topology
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
+from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
 #: ``LEGACY_NUM_MAX_RDMA_PEERS``, ``LEGACY_NUM_MAX_LOCAL_EXPERTS``, ``LEGACY_NUM_BUFFER_ALIGNMENT_BYTES``.
@@ -31,6 +41,16 @@ SUPPORTED_RDMA_RANKS = (2, 3, 4, 6, 8, 12, 16, 18, 20)
 NUM_COMBINE_FORWARDER_WARPS = 24
 
 Bias = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
+#: What a dispatch returns (either path): ``(recv_x or (recv_x, recv_x_scales), recv_topk_idx, recv_topk_weights,
+#: num_recv_tokens_per_expert_list, handle, event)``.
+DispatchOutputs = tuple[
+    tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
+    torch.Tensor | None,
+    torch.Tensor | None,
+    list[int] | None,
+    tuple | None,
+    EventOverlap,
+]
 
 _DISPATCH_CONFIGS = {
     2: (24, 256, 6, 128),
@@ -60,6 +80,103 @@ _COMBINE_CONFIGS = {
     144: (2, 720, 8, 128),
     160: (2, 720, 8, 128),
 }
+
+
+class _InputRows(NamedTuple):
+    """The refusal rows of the checks of a dispatch's top-k and FP8 inputs and of ``allocate_on_comm_stream``, which
+    both paths make alike, in the same order (csrc/legacy/buffer.hpp:481-512 intranode, :960-991 internode)."""
+
+    topk_pairing: str
+    topk_dim: str
+    num_experts: str
+    topk_layout: str
+    weights_layout: str
+    topk_rows: str
+    weights_cols: str
+    weights_dtype: str
+    topk_dtype: str
+    fp8_x: str
+    scales_dtype: str
+    scales_dim: str
+    scales_rows: str
+    alloc_on_comm_stream: str
+
+
+_INTRANODE_INPUT_ROWS = _InputRows(
+    "v1_dispatch_topk_pairing", "v1_dispatch_topk_1d", "v1_dispatch_num_experts_positive",
+    "v1_dispatch_topk_dim_contiguous", "v1_dispatch_weights_dim_contiguous", "v1_dispatch_topk_rows",
+    "v1_dispatch_weights_cols", "v1_dispatch_weights_dtype", "v1_dispatch_topk_dtype", "v1_dispatch_fp8_x_elem_size",
+    "v1_dispatch_fp8_scales_dtype", "v1_dispatch_fp8_scales_dim", "v1_dispatch_fp8_scales_rows",
+    "v1_dispatch_alloc_on_comm_stream",
+)
+_INTERNODE_INPUT_ROWS = _InputRows(
+    "v1_internode_topk_pairing", "v1_internode_topk_1d", "v1_internode_topk_963", "v1_internode_topk_964",
+    "v1_internode_topk_965", "v1_internode_topk_966", "v1_internode_topk_967", "v1_internode_weights_dtype",
+    "v1_internode_topk_dtype", "v1_internode_fp8_977", "v1_internode_fp8_978", "v1_internode_fp8_979",
+    "v1_internode_fp8_980", "v1_internode_alloc_on_comm_stream",
+)
+
+
+#: The rows of the clean-metadata checks of ``notify_dispatch`` and ``cached_notify`` (``Buffer._check_notify``).
+_NOTIFY_DISPATCH_ROWS = ("v1_internode_rdma_clean_meta", "v1_internode_nvl_clean_meta", "v1_internode_rdma_bytes_int")
+_CACHED_NOTIFY_ROWS = ("v1_internode_cached_notify_1515", "v1_internode_cached_notify_1516",
+                       "v1_internode_cached_notify_1517")
+
+
+def _check_dispatch_inputs(rows: _InputRows, x: Tensor, x_scales: Tensor | None,
+                           topk_idx: Tensor | None, topk_weights: Tensor | None, num_experts: int,
+                           previous_event: EventOverlap | None, async_finish: bool, allocate_on_comm_stream: bool
+                           ) -> tuple[int, int, int]:
+    """The checks of a dispatch's top-k and FP8 inputs and of ``allocate_on_comm_stream`` (:class:`_InputRows`);
+    returns ``(num_topk, num_scales, scale_hidden_stride)``."""
+    num_tokens = x.shape[0]
+    check((topk_idx is None) == (topk_weights is None), rows.topk_pairing)
+    num_topk = 0
+    if topk_idx is not None:
+        num_topk = _checks.size(topk_idx, 1, rows.topk_dim)
+        check(num_experts > 0, rows.num_experts)
+        check(_contiguous_nd(topk_idx, 2), rows.topk_layout)
+        check(_contiguous_nd(topk_weights, 2), rows.weights_layout)
+        check(num_tokens == topk_idx.shape[0] and num_tokens == topk_weights.shape[0], rows.topk_rows)
+        check(num_topk == topk_weights.shape[1], rows.weights_cols)
+        check(topk_weights.dtype == torch.float32, rows.weights_dtype)
+        _checks.expect_dtype(topk_idx, torch.int64, rows.topk_dtype)
+    num_scales = scale_hidden_stride = 0
+    if x_scales is not None:
+        check(x.element_size() == 1, rows.fp8_x)
+        check(x_scales.dtype in (torch.float32, torch.int32), rows.scales_dtype)
+        check(x_scales.dim() == 2, rows.scales_dim)
+        check(x_scales.shape[0] == num_tokens, rows.scales_rows)
+        num_scales, scale_hidden_stride = x_scales.shape[1], x_scales.stride(1)
+    if allocate_on_comm_stream:
+        check(_checks.has_event(previous_event) and async_finish, rows.alloc_on_comm_stream)
+    return num_topk, num_scales, scale_hidden_stride
+
+
+def _check_combine_inputs(rows: tuple[str, str, str, str], x: Tensor, topk_weights: Tensor | None,
+                          previous_event: EventOverlap | None, async_finish: bool, allocate_on_comm_stream: bool
+                          ) -> int:
+    """A combine's checks of ``allocate_on_comm_stream`` and of its weights, alike on both paths (``rows``: the
+    rows of the first, then of the weights' layout, rows and dtype; csrc/legacy/buffer.hpp:756-774 intranode,
+    :1299-1318 internode); returns ``num_topk``."""
+    if allocate_on_comm_stream:
+        check(_checks.has_event(previous_event) and async_finish, rows[0])
+    num_topk = 0
+    if topk_weights is not None:
+        check(_contiguous_nd(topk_weights, 2), rows[1])
+        check(topk_weights.shape[0] == x.shape[0], rows[2])
+        check(topk_weights.dtype == torch.float32, rows[3])
+        num_topk = topk_weights.shape[1]
+    return num_topk
+
+
+def _check_biases(rows: tuple[str, str, str], biases: list[Tensor], x: Tensor, num_tokens: int) -> None:
+    """A combine's checks of each bias (``rows``: layout, dtype, shape ``[num_tokens, hidden]``), alike on both
+    paths."""
+    for b in biases:
+        check(_contiguous_nd(b, 2), rows[0])
+        check(b.dtype == x.dtype, rows[1])
+        check(tuple(b.shape) == (num_tokens, x.shape[1]), rows[2])
 
 
 def _event(device: torch.device, async_finish: bool) -> EventHandle | None:
@@ -111,6 +228,13 @@ def _nvl_clean_meta(
     )
 
 
+@seam("v1_buffer_alignment_bytes")
+def buffer_alignment_bytes() -> int:
+    """The alignment ``Buffer()`` requires of its NVLink and RDMA byte counts (:data:`BUFFER_ALIGNMENT_BYTES`)."""
+    return BUFFER_ALIGNMENT_BYTES
+
+
+@seam("v1_dispatch_nvl_bytes")
 def v1_dispatch_nvl_bytes(
     num_ranks: int, num_channels: int, config: Config, hidden: int, elem_size: int, num_topk: int, num_scales: int
 ) -> int:
@@ -137,11 +261,36 @@ def v1_combine_nvl_bytes(
     return num_channels * num_ranks * 4 * 2 + queue * hidden * elem_size + queue * 4 + queue * num_topk * 4
 
 
+@seam("v1_recv_topk_weights")
+def _recv_topk_weights(recv_topk_idx: Tensor, sent: Tensor) -> Tensor:
+    """V1's ``recv_topk_weights``: the sent weights, 0 at the slots whose expert is not local (index -1)."""
+    return torch.where(recv_topk_idx >= 0, sent, torch.zeros_like(sent))
+
+
 def _contiguous_nd(t: torch.Tensor, dims: int) -> bool:
     return t.dim() == dims and t.is_contiguous()
 
 
+def _typed_nd(t: Tensor, dims: int, dtype: torch.dtype) -> bool:
+    return _contiguous_nd(t, dims) and t.dtype == dtype
+
+
+def _recv_channel_prefix(senders: Sequence[Tensor], num_channels: int, column: int) -> Tensor:
+    """``[senders, num_channels]``: per sender (each a ``[tokens, columns]`` bool routing), where its tokens for
+    ``column`` (a rank or a node) start in each of its channels (the exclusive prefix over its channels)."""
+    return torch.stack(
+        [_route.recv_channel_prefix_row(_route.channel_prefix_matrix(p, num_channels)[column]) for p in senders]
+    )
+
+
+def _recv_prefix_sum(senders: Sequence[Tensor], column: int) -> Tensor:
+    """int32 ``[senders]``: the inclusive prefix over the senders of the tokens each sends to ``column``."""
+    return torch.cumsum(torch.tensor([int(p[:, column].sum()) for p in senders]), 0).to(torch.int32)
+
+
+@seam("v1_wait_previous_event")
 def _wait_previous(previous_event: EventOverlap | None) -> None:
+    """The call waits for ``previous_event`` (the wrapper's ``EventOverlap``; none: nothing to wait for)."""
     event = getattr(previous_event, "event", None)
     if event is not None:
         event.current_stream_wait()
@@ -196,12 +345,13 @@ class Buffer(LowLatencyMixin):
         self.group = group
         self.group_size = group.size()
         # The C++ constructor (csrc/legacy/buffer.hpp:107-116), before any communication
+        alignment = buffer_alignment_bytes()
         check(
-            num_nvl_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (num_nvl_bytes <= INT_MAX or num_rdma_bytes == 0),
+            num_nvl_bytes % alignment == 0 and (num_nvl_bytes <= INT_MAX or num_rdma_bytes == 0),
             "v1_init_nvl_bytes_alignment",
         )
         check(
-            num_rdma_bytes % BUFFER_ALIGNMENT_BYTES == 0 and (low_latency_mode or num_rdma_bytes <= INT_MAX),
+            num_rdma_bytes % alignment == 0 and (low_latency_mode or num_rdma_bytes <= INT_MAX),
             "v1_init_rdma_bytes_alignment",
         )
         check((num_nvl_bytes % 2**64) // 16 < INT_MAX, "v1_init_nvl_bytes_too_large")  # size_t arithmetic
@@ -388,14 +538,7 @@ class Buffer(LowLatencyMixin):
         previous_event: EventOverlap | None = None,
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
-    ) -> tuple[
-        tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
-        torch.Tensor | None,
-        torch.Tensor | None,
-        list[int] | None,
-        tuple | None,
-        EventOverlap,
-    ]:
+    ) -> DispatchOutputs:
         """Dispatch tokens to the ranks holding their experts; cached when ``handle`` is given.
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
@@ -407,37 +550,18 @@ class Buffer(LowLatencyMixin):
         if self._internode:
             check(num_worst_tokens == 0, "v1_internode_worst_tokens")
             return self.internode_dispatch(
-                x,
-                handle,
-                num_tokens_per_rank,
-                num_tokens_per_rdma_rank,
-                is_token_in_rank,
-                num_tokens_per_expert,
-                topk_idx,
-                topk_weights,
-                expert_alignment,
-                config,
-                previous_event,
-                async_finish,
-                allocate_on_comm_stream,
+                x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert,
+                topk_idx, topk_weights, expert_alignment, config, previous_event, async_finish, allocate_on_comm_stream,
             )
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if handle is not None:
             check(topk_idx is None and topk_weights is None, "v1_dispatch_cached_with_topk")
-            rank_prefix_matrix, channel_prefix_matrix, recv_cpm, recv_src_idx, is_token_in_rank, send_head = (
-                handle
-            )
+            rank_prefix_matrix, channel_prefix_matrix, recv_cpm, recv_src_idx, is_token_in_rank, send_head = handle
             self._check_intranode_dispatch(
                 x, x_scales, None, None, None, is_token_in_rank, None, rank_prefix_matrix, channel_prefix_matrix,
                 num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream,
             )
-            _wait_previous(previous_event)
-            recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
-            recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
-            recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
-            event = EventOverlap(_event(x.device, async_finish))
-            return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
-
+            return self._cached_dispatch(x, x_scales, is_token_in_rank, num_worst_tokens, previous_event, async_finish)
         check(
             num_tokens_per_rank is not None and is_token_in_rank is not None and num_tokens_per_expert is not None,
             "v1_dispatch_missing_layout",
@@ -446,17 +570,51 @@ class Buffer(LowLatencyMixin):
             x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
             None, None, num_worst_tokens, config, previous_event, async_finish, allocate_on_comm_stream,
         )
-        recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
-            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-            previous_event,
+        return self._fresh_dispatch(
+            x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert, expert_alignment,
+            num_worst_tokens, previous_event, async_finish,
+            lambda recv: self._intranode_handle(recv, config, is_token_in_rank, num_worst_tokens),
         )
+
+    def _cached_dispatch(self, x: Tensor, x_scales: Tensor | None, is_token_in_rank: Tensor, num_worst_tokens: int,
+                         previous_event: EventOverlap | None, async_finish: bool) -> DispatchOutputs:
+        """A cached dispatch once its checks passed, on either path: the handle's ``is_token_in_rank`` routes the
+        new payload (padded to ``num_worst_tokens`` rows, intranode only); no top-k, counts or handle."""
+        _wait_previous(previous_event)
+        recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
+        recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
+        recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
+        event = EventOverlap(_event(x.device, async_finish))
+        return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
+
+    def _fresh_dispatch(self, x: Tensor, x_scales: Tensor | None, topk_idx: Tensor | None, topk_weights: Tensor | None,
+                        is_token_in_rank: Tensor, num_tokens_per_expert: Tensor, expert_alignment: int,
+                        num_worst_tokens: int, previous_event: EventOverlap | None, async_finish: bool,
+                        handle_of: Callable[[_exchange.Received], tuple]) -> DispatchOutputs:
+        """A non-cached dispatch once its checks passed, on either path (``handle_of(received)``: the path's handle).
+
+        ``recv_topk_idx`` is local or -1, ``recv_topk_weights`` 0 at the -1 slots (as the real V1 writes them), the
+        counts are the aligned receipts per local expert (none with ``num_worst_tokens``, intranode only, which pads
+        every received tensor to that many rows).
+        """
+        _wait_previous(previous_event)
+        num_experts = num_tokens_per_expert.numel()
+        recv = self._exchange(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                              "Buffer.dispatch", num_experts)
+        experts_per_rank = num_experts // self.group_size
+        recv_topk_idx = recv_topk_weights = None
+        if topk_idx is not None:
+            recv_topk_idx = _route.to_local_topk(recv.fields["topk_idx"], self.rank, experts_per_rank)
+            if topk_weights is not None:
+                recv_topk_weights = _recv_topk_weights(recv_topk_idx, recv.fields["topk_weights"])
+        per_expert = torch.stack(recv.gathered["num_tokens_per_expert"]).reshape(self.group_size, num_experts)
+        local_counts = per_expert[:, self.rank * experts_per_rank : (self.rank + 1) * experts_per_rank].sum(0)
         counts_list = (
             []
             if num_worst_tokens > 0
             else [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
         )
-
-        handle = self._intranode_handle(recv, config, is_token_in_rank, num_worst_tokens)
+        handle = handle_of(recv)
         recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
         recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
         recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
@@ -472,21 +630,10 @@ class Buffer(LowLatencyMixin):
         )
 
     def _check_intranode_dispatch(
-        self,
-        x: torch.Tensor,
-        x_scales: torch.Tensor | None,
-        topk_idx: torch.Tensor | None,
-        topk_weights: torch.Tensor | None,
-        num_tokens_per_rank: torch.Tensor | None,
-        is_token_in_rank: torch.Tensor,
-        num_tokens_per_expert: torch.Tensor | None,
-        cached_rank_prefix_matrix: torch.Tensor | None,
-        cached_channel_prefix_matrix: torch.Tensor | None,
-        num_worst_tokens: int,
-        config: Config,
-        previous_event: EventOverlap | None,
-        async_finish: bool,
-        allocate_on_comm_stream: bool,
+        self, x: Tensor, x_scales: Tensor | None, topk_idx: Tensor | None, topk_weights: Tensor | None,
+        num_tokens_per_rank: Tensor | None, is_token_in_rank: Tensor, num_tokens_per_expert: Tensor | None,
+        cached_rank_prefix_matrix: Tensor | None, cached_channel_prefix_matrix: Tensor | None, num_worst_tokens: int,
+        config: Config, previous_event: EventOverlap | None, async_finish: bool, allocate_on_comm_stream: bool,
     ) -> None:
         """The refusals of ``Buffer::intranode_dispatch`` (csrc/legacy/buffer.hpp:436-627) and its kernel
         launchers (csrc/kernels/legacy/intranode.cu), in the library's order."""
@@ -527,29 +674,13 @@ class Buffer(LowLatencyMixin):
             )
             check(_contiguous_nd(num_tokens_per_rank, 1), "v1_dispatch_tokens_per_rank_dim")
             check(num_tokens_per_rank.shape[0] == num_ranks, "v1_dispatch_tokens_per_rank_size")
-        num_tokens, hidden = x.shape
+        _, hidden = x.shape
         num_experts = 0 if cached else num_tokens_per_expert.shape[0]
         num_local_experts = num_experts // num_ranks
-        check((topk_idx is None) == (topk_weights is None), "v1_dispatch_topk_pairing")
-        num_topk = 0
-        if topk_idx is not None:
-            num_topk = _checks.size(topk_idx, 1, "v1_dispatch_topk_1d")
-            check(num_experts > 0, "v1_dispatch_num_experts_positive")
-            check(_contiguous_nd(topk_idx, 2), "v1_dispatch_topk_dim_contiguous")
-            check(_contiguous_nd(topk_weights, 2), "v1_dispatch_weights_dim_contiguous")
-            check(num_tokens == topk_idx.shape[0] and num_tokens == topk_weights.shape[0], "v1_dispatch_topk_rows")
-            check(num_topk == topk_weights.shape[1], "v1_dispatch_weights_cols")
-            check(topk_weights.dtype == torch.float32, "v1_dispatch_weights_dtype")
-            _checks.expect_dtype(topk_idx, torch.int64, "v1_dispatch_topk_dtype")
-        num_scales = scale_hidden_stride = 0
-        if x_scales is not None:
-            check(x.element_size() == 1, "v1_dispatch_fp8_x_elem_size")
-            check(x_scales.dtype in (torch.float32, torch.int32), "v1_dispatch_fp8_scales_dtype")
-            check(x_scales.dim() == 2, "v1_dispatch_fp8_scales_dim")
-            check(x_scales.shape[0] == num_tokens, "v1_dispatch_fp8_scales_rows")
-            num_scales, scale_hidden_stride = x_scales.shape[1], x_scales.stride(1)
-        if allocate_on_comm_stream:
-            check(_checks.has_event(previous_event) and async_finish, "v1_dispatch_alloc_on_comm_stream")
+        num_topk, num_scales, scale_hidden_stride = _check_dispatch_inputs(
+            _INTRANODE_INPUT_ROWS, x, x_scales, topk_idx, topk_weights, num_experts, previous_event, async_finish,
+            allocate_on_comm_stream,
+        )
         if not cached:
             check(
                 num_ranks * (num_ranks + num_local_experts) * 4 <= self.num_nvl_bytes, "v1_dispatch_nvl_bytes_notify"
@@ -567,45 +698,6 @@ class Buffer(LowLatencyMixin):
         check(num_scales * scale_hidden_stride < INT_MAX, "v1_dispatch_scale_stride")
         _launch_error(config._num_sms, "v1_dispatch_zero_sms_launch", "v1_dispatch_too_many_sms_launch")
 
-    def _receive(
-        self,
-        x: torch.Tensor,
-        x_scales: torch.Tensor | None,
-        topk_idx: torch.Tensor | None,
-        topk_weights: torch.Tensor | None,
-        num_tokens_per_rank: torch.Tensor | None,
-        is_token_in_rank: torch.Tensor | None,
-        num_tokens_per_expert: torch.Tensor | None,
-        previous_event: EventOverlap | None,
-    ) -> tuple[_exchange.Received, torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-        """The non-cached receive shared by intranode and internode dispatch.
-
-        Returns the exchange result, ``recv_topk_idx`` (local or -1), ``recv_topk_weights`` (zeroed at -1
-        slots, as the real V1 does) and the raw per-local-expert counts.
-        """
-        _wait_previous(previous_event)
-        num_experts = num_tokens_per_expert.numel()
-        recv = self._exchange(
-            x,
-            x_scales,
-            topk_idx,
-            topk_weights,
-            is_token_in_rank,
-            num_tokens_per_expert,
-            "Buffer.dispatch",
-            num_experts,
-        )
-        experts_per_rank = num_experts // self.group_size
-        recv_topk_idx = recv_topk_weights = None
-        if topk_idx is not None:
-            recv_topk_idx = _route.to_local_topk(recv.fields["topk_idx"], self.rank, experts_per_rank)
-            if topk_weights is not None:
-                w = recv.fields["topk_weights"]
-                recv_topk_weights = torch.where(recv_topk_idx >= 0, w, torch.zeros_like(w))
-        per_expert = torch.stack(recv.gathered["num_tokens_per_expert"]).reshape(self.group_size, num_experts)
-        local_counts = per_expert[:, self.rank * experts_per_rank : (self.rank + 1) * experts_per_rank].sum(0)
-        return recv, recv_topk_idx, recv_topk_weights, local_counts
-
     @staticmethod
     def _pad_rows(t: torch.Tensor | None, rows: int, value: float) -> torch.Tensor | None:
         if t is None or rows <= t.shape[0]:
@@ -614,15 +706,8 @@ class Buffer(LowLatencyMixin):
         return torch.cat([t, pad])
 
     def _exchange(
-        self,
-        x: torch.Tensor,
-        x_scales: torch.Tensor | None,
-        topk_idx: torch.Tensor | None,
-        topk_weights: torch.Tensor | None,
-        is_token_in_rank: torch.Tensor,
-        num_tokens_per_expert: torch.Tensor | None,
-        what: str,
-        num_experts: int | None = None,
+        self, x: Tensor, x_scales: Tensor | None, topk_idx: Tensor | None, topk_weights: Tensor | None,
+        is_token_in_rank: Tensor, num_tokens_per_expert: Tensor | None, what: str, num_experts: int | None = None,
     ) -> _exchange.Received:
         # Expert ids outside this rank's range are dropped (-1), as by the real kernels.  Only the internode
         # path can get here with a wrongly shaped is_token_in_rank (the library does not check it there and
@@ -650,16 +735,10 @@ class Buffer(LowLatencyMixin):
         num_channels = config._num_channels
         device = is_token_in_rank.device
         world, me = self.group_size, self.rank
-        per_src = torch.tensor([int(p[:, me].sum()) for p in recv.gathered["in_rank"]], dtype=torch.int32)
         rank_prefix_matrix = torch.zeros((world, world), dtype=torch.int32)
-        rank_prefix_matrix[:, me] = torch.cumsum(per_src, 0).to(torch.int32)
+        rank_prefix_matrix[:, me] = _recv_prefix_sum(recv.gathered["in_rank"], me)
         cpm = _route.channel_prefix_matrix(is_token_in_rank.to(torch.bool), num_channels)
-        recv_cpm = torch.stack(
-            [
-                _route.recv_channel_prefix_row(_route.channel_prefix_matrix(p, num_channels)[me])
-                for p in recv.gathered["in_rank"]
-            ]
-        )
+        recv_cpm = _recv_channel_prefix(recv.gathered["in_rank"], num_channels, me)
         send_head = _route.send_head(is_token_in_rank.to(torch.bool), num_channels)
         return (
             rank_prefix_matrix.to(device),
@@ -714,31 +793,18 @@ class Buffer(LowLatencyMixin):
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
 
     def _check_intranode_combine(
-        self,
-        x: torch.Tensor,
-        topk_weights: torch.Tensor | None,
-        biases: list[torch.Tensor],
-        src_idx: torch.Tensor,
-        rank_prefix_matrix: torch.Tensor,
-        channel_prefix_matrix: torch.Tensor,
-        send_head: torch.Tensor,
-        config: Config,
-        previous_event: EventOverlap | None,
-        async_finish: bool,
-        allocate_on_comm_stream: bool,
+        self, x: Tensor, topk_weights: Tensor | None, biases: list[Tensor], src_idx: Tensor, rank_prefix_matrix: Tensor,
+        channel_prefix_matrix: Tensor, send_head: Tensor, config: Config, previous_event: EventOverlap | None,
+        async_finish: bool, allocate_on_comm_stream: bool,
     ) -> None:
         """The refusals of ``Buffer::intranode_combine`` (csrc/legacy/buffer.hpp:732-807) and its kernel
         launchers, in the library's order."""
         num_ranks = self.group_size
-
-        def int32_nd(t: torch.Tensor, dims: int) -> bool:
-            return _contiguous_nd(t, dims) and t.dtype == torch.int32
-
         check(_contiguous_nd(x, 2), "v1_combine_x_dim_contiguous")
-        check(int32_nd(src_idx, 1), "v1_combine_handle_tensor_733")
-        check(int32_nd(send_head, 2), "v1_combine_handle_tensor_734")
-        check(int32_nd(rank_prefix_matrix, 2), "v1_combine_handle_tensor_735")
-        check(int32_nd(channel_prefix_matrix, 2), "v1_combine_handle_tensor_737")
+        check(_typed_nd(src_idx, 1, torch.int32), "v1_combine_handle_tensor_733")
+        check(_typed_nd(send_head, 2, torch.int32), "v1_combine_handle_tensor_734")
+        check(_typed_nd(rank_prefix_matrix, 2, torch.int32), "v1_combine_handle_tensor_735")
+        check(_typed_nd(channel_prefix_matrix, 2, torch.int32), "v1_combine_handle_tensor_737")
         check(config._num_sms % 2 == 0, "v1_combine_config_odd_sms")
         num_channels = config._num_sms // 2
         num_tokens, hidden = x.shape
@@ -748,19 +814,14 @@ class Buffer(LowLatencyMixin):
         check(tuple(rank_prefix_matrix.shape) == (num_ranks, num_ranks), "v1_combine_rank_prefix_shape")
         check(tuple(channel_prefix_matrix.shape) == (num_ranks, num_channels), "v1_combine_channel_count")
         check((hidden * x.element_size()) % 16 == 0, "v1_combine_hidden_bytes")
-        if allocate_on_comm_stream:
-            check(_checks.has_event(previous_event) and async_finish, "v1_combine_alloc_on_comm_stream")
-        num_topk = 0
-        if topk_weights is not None:
-            check(_contiguous_nd(topk_weights, 2), "v1_combine_weights_dim_contiguous")
-            check(topk_weights.shape[0] == num_tokens, "v1_combine_weights_rows")
-            check(topk_weights.dtype == torch.float32, "v1_combine_weights_dtype")
-            num_topk = topk_weights.shape[1]
+        num_topk = _check_combine_inputs(
+            ("v1_combine_alloc_on_comm_stream", "v1_combine_weights_dim_contiguous", "v1_combine_weights_rows",
+             "v1_combine_weights_dtype"), x, topk_weights, previous_event, async_finish, allocate_on_comm_stream,
+        )
         check(num_channels * num_ranks * 4 * 2 <= self.num_nvl_bytes, "v1_combine_nvl_bytes_queue")
-        for b in biases:  # after cached_notify_combine (a barrier with the peers)
-            check(_contiguous_nd(b, 2), "v1_combine_bias_dim")
-            check(b.dtype == x.dtype, "v1_combine_bias_dtype")
-            check(tuple(b.shape) == (num_recv_tokens, hidden), "v1_combine_bias_shape")
+        # after cached_notify_combine (a barrier with the peers)
+        _check_biases(("v1_combine_bias_dim", "v1_combine_bias_dtype", "v1_combine_bias_shape"), biases, x,
+                      num_recv_tokens)
         check(
             v1_combine_nvl_bytes(num_ranks, num_channels, config, hidden, x.element_size(), num_topk)
             <= self.num_nvl_bytes,
@@ -824,49 +885,22 @@ class Buffer(LowLatencyMixin):
         previous_event: EventOverlap | None = None,
         async_finish: bool = False,
         allocate_on_comm_stream: bool = False,
-    ) -> tuple[
-        tuple[torch.Tensor, torch.Tensor] | torch.Tensor,
-        torch.Tensor | None,
-        torch.Tensor | None,
-        list[int] | None,
-        tuple | None,
-        EventOverlap,
-    ]:
+    ) -> DispatchOutputs:
         """Multi-node dispatch; same results as intranode, internode handle tuple (see DIVERGENCES.md)."""
         assert config is not None
         x, x_scales = x if isinstance(x, tuple) else (x, None)
         if handle is not None:
             check(topk_idx is None and topk_weights is None, "v1_internode_cached_with_topk")
-            (
-                is_token_in_rank,
-                rdma_channel_prefix_matrix,
-                gbl_channel_prefix_matrix,
-                _recv_rdma_channel_prefix_matrix,
-                recv_rdma_rank_prefix_sum,
-                _recv_gbl_channel_prefix_matrix,
-                recv_gbl_rank_prefix_sum,
-                _recv_src_meta,
-                _send_rdma_head,
-                _send_nvl_head,
-            ) = handle
+            (is_token_in_rank, rdma_channel_prefix_matrix, gbl_channel_prefix_matrix, _recv_rdma_channel_prefix_matrix,
+             recv_rdma_rank_prefix_sum, _recv_gbl_channel_prefix_matrix, recv_gbl_rank_prefix_sum, _recv_src_meta,
+             _send_rdma_head, _send_nvl_head) = handle
             self._check_internode_dispatch(
                 x, x_scales, None, None, None, None, is_token_in_rank, None,
                 (rdma_channel_prefix_matrix, recv_rdma_rank_prefix_sum, gbl_channel_prefix_matrix,
                  recv_gbl_rank_prefix_sum),
                 config, previous_event, async_finish, allocate_on_comm_stream,
             )
-            _wait_previous(previous_event)
-            recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
-            event = EventOverlap(_event(x.device, async_finish))
-            recv_x = recv.fields["x"]
-            return (
-                (recv_x, recv.fields["x_scales"]) if x_scales is not None else recv_x,
-                None,
-                None,
-                None,
-                None,
-                event,
-            )
+            return self._cached_dispatch(x, x_scales, is_token_in_rank, 0, previous_event, async_finish)
         check(
             num_tokens_per_rank is not None and is_token_in_rank is not None and num_tokens_per_expert is not None,
             "v1_internode_missing_layout",
@@ -875,38 +909,16 @@ class Buffer(LowLatencyMixin):
             x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
             num_tokens_per_expert, None, config, previous_event, async_finish, allocate_on_comm_stream,
         )
-        recv, recv_topk_idx, recv_topk_weights, local_counts = self._receive(
-            x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-            previous_event,
-        )
-        counts_list = [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
-        handle = self._internode_handle(recv, config, is_token_in_rank)
-        event = EventOverlap(_event(x.device, async_finish))
-        recv_x = recv.fields["x"]
-        return (
-            (recv_x, recv.fields["x_scales"]) if x_scales is not None else recv_x,
-            recv_topk_idx,
-            recv_topk_weights,
-            counts_list,
-            handle,
-            event,
+        return self._fresh_dispatch(
+            x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert, expert_alignment, 0,
+            previous_event, async_finish, lambda recv: self._internode_handle(recv, config, is_token_in_rank),
         )
 
     def _check_internode_dispatch(
-        self,
-        x: torch.Tensor,
-        x_scales: torch.Tensor | None,
-        topk_idx: torch.Tensor | None,
-        topk_weights: torch.Tensor | None,
-        num_tokens_per_rank: torch.Tensor | None,
-        num_tokens_per_rdma_rank: torch.Tensor | None,
-        is_token_in_rank: torch.Tensor,
-        num_tokens_per_expert: torch.Tensor | None,
-        cached: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
-        config: Config,
-        previous_event: EventOverlap | None,
-        async_finish: bool,
-        allocate_on_comm_stream: bool,
+        self, x: Tensor, x_scales: Tensor | None, topk_idx: Tensor | None, topk_weights: Tensor | None,
+        num_tokens_per_rank: Tensor | None, num_tokens_per_rdma_rank: Tensor | None, is_token_in_rank: Tensor,
+        num_tokens_per_expert: Tensor | None, cached: tuple[Tensor, Tensor, Tensor, Tensor] | None, config: Config,
+        previous_event: EventOverlap | None, async_finish: bool, allocate_on_comm_stream: bool,
     ) -> None:
         """The refusals of ``Buffer::internode_dispatch`` (csrc/legacy/buffer.hpp:900-991) and its notify /
         dispatch launchers (csrc/kernels/legacy/internode.cu), in the library's order.
@@ -947,70 +959,44 @@ class Buffer(LowLatencyMixin):
             check(num_tokens_per_rdma_rank.shape[0] == num_rdma_ranks, "v1_internode_layout_947")
             check(num_tokens_per_expert.shape[0] % num_ranks == 0, "v1_internode_experts_not_divisible")
             check(num_tokens_per_expert.shape[0] // num_ranks <= NUM_MAX_LOCAL_EXPERTS, "v1_internode_layout_949")
-        num_tokens, hidden = x.shape
+        _, hidden = x.shape
         hidden_int4 = hidden * x.element_size() // 16
         num_experts = 0 if cached is not None else num_tokens_per_expert.shape[0]
-        check((topk_idx is None) == (topk_weights is None), "v1_internode_topk_pairing")
-        num_topk = 0
-        if topk_idx is not None:
-            num_topk = _checks.size(topk_idx, 1, "v1_internode_topk_1d")
-            check(num_experts > 0, "v1_internode_topk_963")
-            check(_contiguous_nd(topk_idx, 2), "v1_internode_topk_964")
-            check(_contiguous_nd(topk_weights, 2), "v1_internode_topk_965")
-            check(num_tokens == topk_idx.shape[0] and num_tokens == topk_weights.shape[0], "v1_internode_topk_966")
-            check(num_topk == topk_weights.shape[1], "v1_internode_topk_967")
-            check(topk_weights.dtype == torch.float32, "v1_internode_weights_dtype")
-            _checks.expect_dtype(topk_idx, torch.int64, "v1_internode_topk_dtype")
-        num_scales = scale_hidden_stride = 0
-        if x_scales is not None:
-            check(x.element_size() == 1, "v1_internode_fp8_977")
-            check(x_scales.dtype in (torch.float32, torch.int32), "v1_internode_fp8_978")
-            check(x_scales.dim() == 2, "v1_internode_fp8_979")
-            check(x_scales.shape[0] == num_tokens, "v1_internode_fp8_980")
-            num_scales, scale_hidden_stride = x_scales.shape[1], x_scales.stride(1)
-        if allocate_on_comm_stream:
-            check(_checks.has_event(previous_event) and async_finish, "v1_internode_alloc_on_comm_stream")
+        num_topk, num_scales, scale_hidden_stride = _check_dispatch_inputs(
+            _INTERNODE_INPUT_ROWS, x, x_scales, topk_idx, topk_weights, num_experts, previous_event, async_finish,
+            allocate_on_comm_stream,
+        )
         rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
         if cached is None:  # notify_dispatch (internode.cu:430-437)
-            rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
-                                         config._num_max_rdma_chunked_recv_tokens, num_channels)
-            nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk, num_topk, num_rdma_ranks,
-                                       config._num_max_nvl_chunked_recv_tokens, num_channels)
-            check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_rdma_clean_meta")
-            check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_nvl_clean_meta")
-            check(rdma_hint < INT_MAX, "v1_internode_rdma_bytes_int")
-            check(num_rdma_ranks in SUPPORTED_RDMA_RANKS, "v1_internode_unsupported_rdma_ranks")
+            self._check_notify(False, hidden_int4, num_scales, num_topk, num_topk, num_channels, config, rdma_hint)
         else:  # cached_notify (internode.cu:1515-1519), no top-k in cached mode
-            self._check_cached_notify(hidden_int4, num_scales, 0, 0, num_channels, config, rdma_hint, True)
+            self._check_notify(True, hidden_int4, num_scales, 0, 0, num_channels, config, rdma_hint)
         check(num_scales * scale_hidden_stride < INT_MAX, "v1_internode_scale_stride")
 
-    def _check_cached_notify(
-        self,
-        hidden_int4: int,
-        num_scales: int,
-        num_topk_idx: int,
-        num_topk_weights: int,
-        num_channels: int,
-        config: Config,
-        rdma_hint: int,
-        is_cached_dispatch: bool,
-    ) -> None:
-        """``internode::cached_notify``'s checks (csrc/kernels/legacy/internode.cu:1515-1519)."""
+    def _check_notify(self, cached: bool, hidden_int4: int, num_scales: int, num_topk_idx: int, num_topk_weights: int,
+                      num_channels: int, config: Config, rdma_hint: int) -> None:
+        """The checks of the internode notify kernels: ``notify_dispatch`` (a fresh dispatch, internode.cu:430-437)
+        or ``cached_notify`` (``cached``: a cached dispatch or a combine, :1515-1519).  Both check that the clean
+        metadata fits in the RDMA and NVLink buffers and that the RDMA size is an ``int``; then the first needs a
+        supported RDMA rank count, the second more than 3 channel halves."""
         num_rdma_ranks = self._topo.num_nodes
         rdma_meta = _rdma_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
                                      config._num_max_rdma_chunked_recv_tokens, num_channels)
         nvl_meta = _nvl_clean_meta(hidden_int4, num_scales, num_topk_idx, num_topk_weights, num_rdma_ranks,
                                    config._num_max_nvl_chunked_recv_tokens, num_channels)
-        del is_cached_dispatch  # the clean metadata does not depend on it
-        check(sum(rdma_meta) * 4 <= rdma_hint, "v1_internode_cached_notify_1515")
-        check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, "v1_internode_cached_notify_1516")
-        check(rdma_hint < INT_MAX, "v1_internode_cached_notify_1517")
-        check(num_channels * 2 > 3, "v1_internode_cached_notify_1519")
+        rows = _CACHED_NOTIFY_ROWS if cached else _NOTIFY_DISPATCH_ROWS
+        check(sum(rdma_meta) * 4 <= rdma_hint, rows[0])
+        check(sum(nvl_meta) * 4 <= self.num_nvl_bytes, rows[1])
+        check(rdma_hint < INT_MAX, rows[2])
+        if cached:
+            check(num_channels * 2 > 3, "v1_internode_cached_notify_1519")
+        else:
+            check(num_rdma_ranks in SUPPORTED_RDMA_RANKS, "v1_internode_unsupported_rdma_ranks")
 
     def _internode_handle(
         self, recv: _exchange.Received, config: Config, is_token_in_rank: torch.Tensor
     ) -> tuple:
-        topo, me, world = self._topo, self.rank, self.group_size
+        topo, me = self._topo, self.rank
         nodes, rpn = topo.num_nodes, topo.ranks_per_node
         num_channels = config._num_channels
         device = is_token_in_rank.device
@@ -1022,24 +1008,10 @@ class Buffer(LowLatencyMixin):
         peer_in_node = [
             p.reshape(p.shape[0], nodes, rpn).any(dim=2) for p in (recv.gathered["in_rank"][q] for q in peers)
         ]
-        recv_rdma_cpm = torch.stack(
-            [
-                _route.recv_channel_prefix_row(_route.channel_prefix_matrix(p, num_channels)[topo.node])
-                for p in peer_in_node
-            ]
-        )
-        recv_rdma_rank_prefix_sum = torch.cumsum(
-            torch.tensor([int(p[:, topo.node].sum()) for p in peer_in_node]), 0
-        ).to(torch.int32)
-        recv_gbl_cpm = torch.stack(
-            [
-                _route.recv_channel_prefix_row(_route.channel_prefix_matrix(p, num_channels)[me])
-                for p in recv.gathered["in_rank"]
-            ]
-        )
-        recv_gbl_rank_prefix_sum = torch.cumsum(
-            torch.tensor([int(p[:, me].sum()) for p in recv.gathered["in_rank"]]), 0
-        ).to(torch.int32)
+        recv_rdma_cpm = _recv_channel_prefix(peer_in_node, num_channels, topo.node)
+        recv_rdma_rank_prefix_sum = _recv_prefix_sum(peer_in_node, topo.node)
+        recv_gbl_cpm = _recv_channel_prefix(recv.gathered["in_rank"], num_channels, me)
+        recv_gbl_rank_prefix_sum = _recv_prefix_sum(recv.gathered["in_rank"], me)
         # (source rank, source token) as two int32 = the real 8-byte SourceMeta rows, typed uint8 [n, 8] like it
         recv_src_meta = torch.stack([recv.src_rank, recv.src_token], dim=1).to(torch.int32).contiguous()
         recv_src_meta = recv_src_meta.view(torch.uint8).reshape(-1, SOURCE_META_BYTES)
@@ -1057,7 +1029,6 @@ class Buffer(LowLatencyMixin):
             pad = torch.full((send_nvl_head.shape[0], NUM_MAX_NVL_PEERS - rpn), -1, dtype=torch.int32,
                              device=send_nvl_head.device)
             send_nvl_head = torch.cat([send_nvl_head, pad], dim=1)
-        del world
         return (
             is_token_in_rank,
             rdma_cpm,
@@ -1084,18 +1055,8 @@ class Buffer(LowLatencyMixin):
     ) -> tuple[torch.Tensor, torch.Tensor | None, EventOverlap]:
         """Multi-node combine (same numerics as the intranode one in the emulation)."""
         assert config is not None
-        (
-            is_combined_token_in_rank,
-            _,
-            _,
-            rdma_channel_prefix_matrix,
-            rdma_rank_prefix_sum,
-            gbl_channel_prefix_matrix,
-            _gbl_rank_prefix_sum,
-            src_meta,
-            send_rdma_head,
-            send_nvl_head,
-        ) = handle
+        (is_combined_token_in_rank, _, _, rdma_channel_prefix_matrix, rdma_rank_prefix_sum, gbl_channel_prefix_matrix,
+         _gbl_rank_prefix_sum, src_meta, send_rdma_head, send_nvl_head) = handle
         biases = _unpack_bias(bias)
         self._check_internode_combine(
             x, topk_weights, biases, src_meta, is_combined_token_in_rank, rdma_channel_prefix_matrix,
@@ -1117,40 +1078,25 @@ class Buffer(LowLatencyMixin):
         return combined_x, combined_w, EventOverlap(_event(x.device, async_finish))
 
     def _check_internode_combine(
-        self,
-        x: torch.Tensor,
-        topk_weights: torch.Tensor | None,
-        biases: list[torch.Tensor],
-        src_meta: torch.Tensor,
-        is_combined_token_in_rank: torch.Tensor,
-        rdma_channel_prefix_matrix: torch.Tensor,
-        rdma_rank_prefix_sum: torch.Tensor,
-        gbl_channel_prefix_matrix: torch.Tensor,
-        combined_rdma_head: torch.Tensor,
-        combined_nvl_head: torch.Tensor,
-        config: Config,
-        previous_event: EventOverlap | None,
-        async_finish: bool,
-        allocate_on_comm_stream: bool,
+        self, x: Tensor, topk_weights: Tensor | None, biases: list[Tensor], src_meta: Tensor,
+        is_combined_token_in_rank: Tensor, rdma_channel_prefix_matrix: Tensor, rdma_rank_prefix_sum: Tensor,
+        gbl_channel_prefix_matrix: Tensor, combined_rdma_head: Tensor, combined_nvl_head: Tensor, config: Config,
+        previous_event: EventOverlap | None, async_finish: bool, allocate_on_comm_stream: bool,
     ) -> None:
         """The refusals of ``Buffer::internode_combine`` (csrc/legacy/buffer.hpp:1265-1361) and its launchers
         (csrc/kernels/legacy/internode.cu:1515-1519, 2366-2373), in the library's order."""
         num_ranks, num_rdma_ranks = self.group_size, self._topo.num_nodes
         num_channels = config._num_sms // 2
-
-        def typed_nd(t: torch.Tensor, dims: int, dtype: torch.dtype) -> bool:
-            return _contiguous_nd(t, dims) and t.dtype == dtype
-
         check(config._num_sms % 2 == 0, "v1_internode_combine_odd_sms")
         check(_contiguous_nd(x, 2), "v1_internode_combine_x")
-        check(typed_nd(src_meta, 2, torch.uint8), "v1_internode_combine_handle_1269")
-        check(typed_nd(is_combined_token_in_rank, 2, torch.bool), "v1_internode_combine_handle_1270")
-        check(typed_nd(rdma_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1272")
-        check(typed_nd(rdma_rank_prefix_sum, 1, torch.int32), "v1_internode_combine_handle_1274")
-        check(typed_nd(gbl_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1276")
-        check(typed_nd(combined_rdma_head, 2, torch.int32), "v1_internode_combine_handle_1278")
-        check(typed_nd(combined_nvl_head, 2, torch.int32), "v1_internode_combine_handle_1280")
-        num_tokens, hidden = x.shape
+        check(_typed_nd(src_meta, 2, torch.uint8), "v1_internode_combine_handle_1269")
+        check(_typed_nd(is_combined_token_in_rank, 2, torch.bool), "v1_internode_combine_handle_1270")
+        check(_typed_nd(rdma_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1272")
+        check(_typed_nd(rdma_rank_prefix_sum, 1, torch.int32), "v1_internode_combine_handle_1274")
+        check(_typed_nd(gbl_channel_prefix_matrix, 2, torch.int32), "v1_internode_combine_handle_1276")
+        check(_typed_nd(combined_rdma_head, 2, torch.int32), "v1_internode_combine_handle_1278")
+        check(_typed_nd(combined_nvl_head, 2, torch.int32), "v1_internode_combine_handle_1280")
+        _, hidden = x.shape
         hidden_int4 = hidden * x.element_size() // 16
         num_combined_tokens = is_combined_token_in_rank.shape[0]
         check((hidden * x.element_size()) % 16 == 0, "v1_internode_combine_hidden_bytes")
@@ -1168,25 +1114,20 @@ class Buffer(LowLatencyMixin):
         check(tuple(combined_rdma_head.shape) == (num_combined_tokens, num_rdma_ranks),
               "v1_internode_combine_handle_1291")
         check(combined_nvl_head.shape[1] == NUM_MAX_NVL_PEERS, "v1_internode_combine_handle_1293")
-        if allocate_on_comm_stream:
-            check(_checks.has_event(previous_event) and async_finish, "v1_internode_combine_alloc_on_comm_stream")
-        num_topk = 0
-        if topk_weights is not None:
-            check(_contiguous_nd(topk_weights, 2), "v1_internode_combine_weights_1316")
-            check(topk_weights.shape[0] == num_tokens, "v1_internode_combine_weights_1317")
-            check(topk_weights.dtype == torch.float32, "v1_internode_combine_weights_dtype")
-            num_topk = topk_weights.shape[1]
+        num_topk = _check_combine_inputs(
+            ("v1_internode_combine_alloc_on_comm_stream", "v1_internode_combine_weights_1316",
+             "v1_internode_combine_weights_1317", "v1_internode_combine_weights_dtype"),
+            x, topk_weights, previous_event, async_finish, allocate_on_comm_stream,
+        )
         check(config._num_max_nvl_chunked_recv_tokens % num_rdma_ranks == 0, "v1_internode_combine_nvl_recv_divisible")
         check(
             config._num_max_nvl_chunked_send_tokens <= config._num_max_nvl_chunked_recv_tokens // num_rdma_ranks,
             "v1_internode_combine_nvl_send_bound",
         )
         rdma_hint = rdma_size_hint(config, hidden_int4 * 16, num_rdma_ranks)
-        self._check_cached_notify(hidden_int4, 0, 0, num_topk, num_channels, config, rdma_hint, False)
-        for b in biases:
-            check(_contiguous_nd(b, 2), "v1_internode_combine_bias_1359")
-            check(b.dtype == x.dtype, "v1_internode_combine_bias_1360")
-            check(tuple(b.shape) == (num_combined_tokens, hidden), "v1_internode_combine_bias_1361")
+        self._check_notify(True, hidden_int4, 0, 0, num_topk, num_channels, config, rdma_hint)
+        _check_biases(("v1_internode_combine_bias_1359", "v1_internode_combine_bias_1360",
+                       "v1_internode_combine_bias_1361"), biases, x, num_combined_tokens)
         # the combine launcher (internode.cu:2363-2373)
         warps_per_forwarder = max(NUM_COMBINE_FORWARDER_WARPS // num_rdma_ranks, 1)
         nvl_recv, nvl_send = config._num_max_nvl_chunked_recv_tokens, config._num_max_nvl_chunked_send_tokens

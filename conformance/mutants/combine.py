@@ -6,20 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import Any
-from unittest import mock
 
 import torch
 
-from conformance.backends import autograd
-from conformance.backends.elastic import ElasticAdapter
-from conformance.backends.legacy import LegacyAdapter
-from conformance.emulation import _exchange, _route
-from conformance.emulation.legacy import Buffer
-from conformance.mutants.patching import rebinding
+from conformance.mutants.patching import rebinding, seam, through
 from conformance.mutants.registry import register
-
-_combine_reduce = _route.combine_reduce
-_gather_selected = _exchange.gather_selected
 
 #: bf16 bits of the canonical quiet NaN and of -0.0.
 CANONICAL_NAN = 0x7FC0
@@ -33,52 +24,52 @@ def _nonempty(contributions: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> lis
 @register("combine-drops-contributor", "harmful",
           "combine skips the last source rank that sent rows back (an off-by-one in the rank loop)")
 def combine_drops_contributor() -> Iterator[None]:
-    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+    def patched(combine_reduce, num_tokens, hidden, contributions, bias, out_dtype, device):
         contributions = list(contributions)
         nonempty = _nonempty(contributions)
         if nonempty:
             del contributions[nonempty[-1]]
-        return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+        return combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
 
-    with mock.patch.object(_route, "combine_reduce", patched):
+    with seam("combine_reduce", patched):
         yield
 
 
 @register("combine-counts-contributor-twice", "harmful",
           "combine adds the first source rank's rows twice (a rank index not advanced)")
 def combine_counts_contributor_twice() -> Iterator[None]:
-    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+    def patched(combine_reduce, num_tokens, hidden, contributions, bias, out_dtype, device):
         contributions = list(contributions)
         nonempty = _nonempty(contributions)
         if nonempty:
             contributions.append(contributions[nonempty[0]])
-        return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+        return combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
 
-    with mock.patch.object(_route, "combine_reduce", patched):
+    with seam("combine_reduce", patched):
         yield
 
 
 @register("combine-bias-twice", "harmful", "combine adds each bias tensor twice")
 def combine_bias_twice() -> Iterator[None]:
-    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
-        return _combine_reduce(num_tokens, hidden, contributions, list(bias) * 2, out_dtype, device)
+    def patched(combine_reduce, num_tokens, hidden, contributions, bias, out_dtype, device):
+        return combine_reduce(num_tokens, hidden, contributions, list(bias) * 2, out_dtype, device)
 
-    with mock.patch.object(_route, "combine_reduce", patched):
+    with seam("combine_reduce", patched):
         yield
 
 
 @register("combine-unreached-token-garbage", "harmful",
           "combine skips tokens no rank sent back, leaving their output rows uninitialised (NaN bits here)")
 def combine_unreached_token_garbage() -> Iterator[None]:
-    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
-        out = _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+    def patched(combine_reduce, num_tokens, hidden, contributions, bias, out_dtype, device):
+        out = combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
         touched = torch.zeros(num_tokens, dtype=torch.bool, device=device)
         for tokens, _ in contributions:
             touched[tokens.to(torch.int64)] = True
         out[~touched] = float("nan")
         return out
 
-    with mock.patch.object(_route, "combine_reduce", patched):
+    with seam("combine_reduce", patched):
         yield
 
 
@@ -88,9 +79,7 @@ def combine_unreached_token_garbage() -> Iterator[None]:
 def combined_weights_master_lane() -> Iterator[None]:
     from conformance.world.rank import context
 
-    original = ElasticAdapter.combine
-
-    def patched(self, raw, x, topk_weights=None, bias=None, async_finish=False):
+    def patched(original, self, raw, x, topk_weights=None, bias=None, async_finish=False):
         combined_x, combined_w = original(self, raw, x, topk_weights, bias, async_finish)
         if combined_w is not None:
             handle = raw["handle"]
@@ -104,30 +93,27 @@ def combined_weights_master_lane() -> Iterator[None]:
             combined_w = wrong
         return combined_x, combined_w
 
-    with mock.patch.object(ElasticAdapter, "combine", patched):
+    with seam("ElasticAdapter.combine", patched):
         yield
 
 
 @register("cached-dispatch-stale", "harmful",
           "a cached dispatch returns the previous dispatch's payload instead of the new one")
 def cached_dispatch_stale() -> Iterator[None]:
-    def stale(self, raw, x):
+    def stale(original, self, raw, x):
         return raw["recv_x"].clone()
 
-    with mock.patch.object(LegacyAdapter, "cached_dispatch", stale), \
-            mock.patch.object(ElasticAdapter, "cached_dispatch", stale):
+    with seam("LegacyAdapter.cached_dispatch", stale), seam("ElasticAdapter.cached_dispatch", stale):
         yield
 
 
 @register("gradient-sign-flipped", "harmful", "FusedDispatch.backward returns -combine(grad) for x")
 def gradient_sign_flipped() -> Iterator[None]:
-    original = autograd.FusedDispatch.backward
-
-    def backward(ctx, grad_recv_x, grad_recv_weights):
+    def backward(original, ctx, grad_recv_x, grad_recv_weights):
         grad_x, *rest = original(ctx, grad_recv_x, grad_recv_weights)
         return (-grad_x, *rest)
 
-    with mock.patch.object(autograd.FusedDispatch, "backward", staticmethod(backward)):
+    with seam("FusedDispatch.backward", backward):
         yield
 
 
@@ -136,27 +122,25 @@ def gradient_sign_flipped() -> Iterator[None]:
 def gradient_scale_wrong() -> Iterator[None]:
     from conformance.world.rank import context
 
-    original = autograd.FusedCombine.backward
-
-    def backward(ctx, grad_combined):
+    def backward(original, ctx, grad_combined):
         grad, *rest = original(ctx, grad_combined)
         return ((grad.float() / context().world_size).to(grad.dtype), *rest)
 
-    with mock.patch.object(autograd.FusedCombine, "backward", staticmethod(backward)):
+    with seam("FusedCombine.backward", backward):
         yield
 
 
 def _rewrite_received_payload(rewrite) -> Iterator[None]:
-    """Patch the emulation's token exchange so that received bf16 payloads pass through ``rewrite(bits)``."""
+    """Seam ``exchange``: received bf16 payloads pass through ``rewrite(bits)``."""
 
-    def patched(*args, **kwargs):
-        received = _gather_selected(*args, **kwargs)
+    def patched(gather_selected, *args, **kwargs):
+        received = gather_selected(*args, **kwargs)
         x = received.fields.get("x")
         if x is not None and x.dtype == torch.bfloat16:
             received.fields["x"] = rewrite(x.contiguous().view(torch.int16).clone()).view(torch.bfloat16)
         return received
 
-    with mock.patch.object(_exchange, "gather_selected", patched):
+    with seam("exchange", patched):
         yield
 
 
@@ -178,24 +162,21 @@ def negative_zero_flushed() -> Iterator[None]:
     yield from _rewrite_received_payload(rewrite)
 
 
-_combine_reduce_two_level = _route.combine_reduce_two_level
-
-
 @register("combine-extra-rounding", "harmful",
           "combine rounds its float32 accumulator to bf16 once more than the library's tree: after the biases and the "
           "first source rank's rows (after the first two source ranks' rows when there is no bias)")
 def combine_extra_rounding() -> Iterator[None]:
-    def patched(num_tokens, hidden, contributions, bias, out_dtype, device):
+    def patched(combine_reduce, num_tokens, hidden, contributions, bias, out_dtype, device):
         contributions = list(contributions)
         nonempty = _nonempty(contributions)
         split = 1 if bias else 2
         if len(nonempty) < split or out_dtype == torch.float32:
-            return _combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
+            return combine_reduce(num_tokens, hidden, contributions, bias, out_dtype, device)
         cut = nonempty[split - 1] + 1
-        head = _combine_reduce(num_tokens, hidden, contributions[:cut], bias, out_dtype, device)
-        return _combine_reduce(num_tokens, hidden, contributions[cut:], [head], out_dtype, device)
+        head = combine_reduce(num_tokens, hidden, contributions[:cut], bias, out_dtype, device)
+        return combine_reduce(num_tokens, hidden, contributions[cut:], [head], out_dtype, device)
 
-    with mock.patch.object(_route, "combine_reduce", patched):
+    with seam("combine_reduce", patched):
         yield
 
 
@@ -203,11 +184,11 @@ def combine_extra_rounding() -> Iterator[None]:
           "the multi-node combine (V1 internode, V2 hybrid) sums every node's contributions in one float32 "
           "accumulation and rounds once, skipping the forwarders' per-node bf16 rounding", min_nodes=2)
 def hybrid_reduction_rounds_once() -> Iterator[None]:
-    def patched(num_tokens, hidden, groups, bias, out_dtype, device):
+    def patched(original, num_tokens, hidden, groups, bias, out_dtype, device):
         flat = [contribution for group in groups for contribution in group]
-        return _combine_reduce(num_tokens, hidden, flat, bias, out_dtype, device)
+        return through("combine_reduce", num_tokens, hidden, flat, bias, out_dtype, device)
 
-    with mock.patch.object(_route, "combine_reduce_two_level", patched):
+    with seam("combine_reduce_two_level", patched):
         yield
 
 
@@ -218,5 +199,5 @@ def v1_explicit_config_ignored() -> Iterator[None]:
     def default_config(self: Any, arguments: dict[str, Any]) -> None:
         arguments["config"] = None
 
-    with rebinding(Buffer, "dispatch", default_config), rebinding(Buffer, "combine", default_config):
+    with rebinding("Buffer.dispatch", default_config), rebinding("Buffer.combine", default_config):
         yield

@@ -10,8 +10,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from conformance.emulation import Buffer, ElasticBuffer
-from conformance.mutants.patching import wrap_method
+from conformance.mutants.patching import seam
 from conformance.mutants.registry import register
 
 
@@ -23,7 +22,7 @@ def rank_dies_in_dispatch() -> Iterator[None]:
             os.kill(os.getpid(), signal.SIGKILL)
         return original(self, x, *args, **kwargs)
 
-    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+    with seam("ElasticBuffer.dispatch", dispatch):
         yield
 
 
@@ -33,5 +32,5 @@ def crash_on_construction() -> Iterator[None]:
     def segfault(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         os.kill(os.getpid(), signal.SIGSEGV)
 
-    with wrap_method(Buffer, "__init__", segfault), wrap_method(ElasticBuffer, "__init__", segfault):
+    with seam("Buffer.__init__", segfault), seam("ElasticBuffer.__init__", segfault):
         yield

@@ -2,37 +2,35 @@
 layout and the deterministic order (caught by P2, P3, P4, P8, P13); and two benign changes the contract
 allows (V2's default receive order varying from call to call, and the bytes of expand-mode padding).
 
-Each planted defect sits where a real one would: in the emulation's routing math (``_route``) or in the
-emulated buffers, so every output derived from it (handles, combine) follows, as in a real library bug.
+Each planted defect sits where a real one would, at a seam of the emulation's routing math or of the emulated
+buffers, so every output derived from it (handles, combine) follows, as in a real library bug.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import unittest.mock
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from conformance.emulation import _route
-from conformance.emulation.elastic import ElasticBuffer
-from conformance.emulation.legacy import Buffer
-from conformance.mutants.patching import call_argument, wrap_method
+from conformance.emulation import ElasticBuffer
+from conformance.mutants.patching import call_argument, seam, through
 from conformance.mutants.registry import register
 
 
 @contextlib.contextmanager
 def _wrap_receive(edit: Any) -> Iterator[None]:
-    """While active, ``edit(buffer, plan, do_expand)`` edits the V2 receive plan in place."""
+    """While active, ``edit(buffer, plan, do_expand)`` edits the V2 receive plan in place (seam ``v2_receive``)."""
 
     def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
         plan = original(self, *args, **kwargs)
         edit(self, plan, call_argument(original, self, args, kwargs, "do_expand"))
         return plan
 
-    with wrap_method(ElasticBuffer, "_receive", receive):
+    with seam("v2_receive", receive):
         yield
 
 
@@ -43,16 +41,14 @@ def _wrap_receive(edit: Any) -> Iterator[None]:
     "count list and the prefix sums all carry it (P2)",
 )
 def count_off_by_one() -> Iterator[None]:
-    original = _route.count_per_local_expert
-
-    def counted(recv_topk_idx: torch.Tensor, num_local_experts: int) -> list[int]:
+    def counted(original: Any, recv_topk_idx: torch.Tensor, num_local_experts: int) -> list[int]:
         counts = original(recv_topk_idx, num_local_experts)
         busy = [e for e, c in enumerate(counts) if c > 0]
         if busy:
             counts[busy[-1]] += 1
         return counts
 
-    with unittest.mock.patch.object(_route, "count_per_local_expert", counted):
+    with seam("count_per_local_expert", counted):
         yield
 
 
@@ -62,12 +58,10 @@ def count_off_by_one() -> Iterator[None]:
     "above 1, in both APIs (P2; P8 for the expand layout)",
 )
 def alignment_rounds_down() -> Iterator[None]:
-    original = _route.align_up
-
-    def rounded(value: int, alignment: int) -> int:
+    def rounded(original: Any, value: int, alignment: int) -> int:
         return value // alignment * alignment if alignment > 1 else original(value, alignment)
 
-    with unittest.mock.patch.object(_route, "align_up", rounded):
+    with seam("align_up", rounded):
         yield
 
 
@@ -92,9 +86,7 @@ def psum_exclusive() -> Iterator[None]:
     "expert in recv_topk_idx, both APIs; needs >= 2 experts per rank) (P3)",
 )
 def topk_idx_wrong_local_expert() -> Iterator[None]:
-    original = _route.to_local_topk
-
-    def localised(topk_idx: torch.Tensor, rank: int, experts_per_rank: int) -> torch.Tensor:
+    def localised(original: Any, topk_idx: torch.Tensor, rank: int, experts_per_rank: int) -> torch.Tensor:
         local = original(topk_idx, rank, experts_per_rank)
         hits = torch.nonzero(local >= 0)
         if experts_per_rank > 1 and hits.shape[0]:
@@ -102,7 +94,7 @@ def topk_idx_wrong_local_expert() -> Iterator[None]:
             local[row, slot] = (local[row, slot] + 1) % experts_per_rank
         return local
 
-    with unittest.mock.patch.object(_route, "to_local_topk", localised):
+    with seam("to_local_topk", localised):
         yield
 
 
@@ -147,22 +139,10 @@ def v2_zeroes_minus_one_weights() -> Iterator[None]:
     "behaviour leaking into V1): V1 changed its own behaviour (P4)",
 )
 def v1_keeps_minus_one_weights() -> Iterator[None]:
-    received: list[torch.Tensor | None] = []
+    def weights(original: Any, recv_topk_idx: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+        return sent.clone()
 
-    def exchange(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        recv = original(self, *args, **kwargs)
-        received.append(recv.fields.get("topk_weights"))
-        return recv
-
-    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
-        received.clear()
-        out = original(self, *args, **kwargs)
-        sent = received[-1] if received else None
-        if sent is not None and out[2] is not None and out[2].shape == sent.shape:
-            out = (out[0], out[1], sent.clone(), *out[3:])
-        return out
-
-    with wrap_method(Buffer, "_exchange", exchange), wrap_method(Buffer, "dispatch", dispatch):
+    with seam("v1_recv_topk_weights", weights):
         yield
 
 
@@ -173,17 +153,15 @@ def v1_keeps_minus_one_weights() -> Iterator[None]:
     "leaving a gap inside the expert's rows (slot pointers, recv_x and combine follow) (P8)",
 )
 def expand_not_contiguous() -> Iterator[None]:
-    original = _route.expand_layout
-
-    def layout(recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int) -> tuple:
+    def layout(original: Any, recv_topk_idx: torch.Tensor, num_local_experts: int, alignment: int) -> tuple:
         slots, raw, starts = original(recv_topk_idx, num_local_experts, alignment)
         for count, start in zip(raw, starts, strict=True):
-            end = start + _route.align_up(count, alignment)
+            end = start + through("align_up", count, alignment)
             if 0 < count < end - start:
                 slots[slots == start + count - 1] = end - 1
         return slots, raw, starts
 
-    with unittest.mock.patch.object(_route, "expand_layout", layout):
+    with seam("expand_layout", layout):
         yield
 
 
@@ -203,9 +181,12 @@ def expand_psum_non_expand_semantics() -> Iterator[None]:
 
 
 # ------------------------------------------------------------------------------------------ ordering
-def _token_major_order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
-                       group_key: torch.Tensor | None = None) -> torch.Tensor:
-    """A wrong sort key: by source token first, then source rank (the two halves of the key swapped)."""
+def _token_major_order(original: Any, src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
+                       group_key: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
+    """A wrong sort key when the deterministic order was asked for: by source token first, then source rank (the two
+    halves of the key swapped)."""
+    if not deterministic:
+        return original(src_ranks, src_tokens, num_max_tokens_per_rank, group_key, deterministic=deterministic)
     key = src_tokens.to(torch.int64) * (1 << 20) + src_ranks.to(torch.int64)
     return torch.sort(key, stable=True).indices
 
@@ -216,24 +197,29 @@ def _token_major_order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_ma
     "source token): a stable order, but not V1's (P13)",
 )
 def deterministic_not_sorted() -> Iterator[None]:
-    def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
-        if not self.deterministic:
-            return original(self, *args, **kwargs)
-        with unittest.mock.patch.object(_route, "receive_order", _token_major_order):
-            return original(self, *args, **kwargs)
-
-    with wrap_method(ElasticBuffer, "_receive", receive):
+    with seam("receive_order", _token_major_order):
         yield
 
 
 # -------------------------------------------------------------------------------------------- benign
 #: Seeds of fresh V2 dispatches in this rank process (a new arrival order every call).
 _ARRIVALS = itertools.count(1)
+#: The seed of each live handle's dispatch (its cached dispatches receive in the same order).
+_SEEDS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _seed_of(handle: Any) -> int | None:
+    """The seed of ``handle``'s dispatch (``None``: a fresh dispatch, or an argument that is no handle at all, e.g. a
+    bad call's V1 tuple, which takes no weak reference)."""
+    try:
+        return None if handle is None else _SEEDS.get(handle)
+    except TypeError:
+        return None
 
 
 def _arrival_order(seed: int) -> Any:
-    """A ``receive_order`` replacement: rows grouped by the scale-up peer they arrive through (the source
-    rank on one node, like the real library's per-peer blocks), shuffled inside each group by ``seed``."""
+    """A ``receive_order``: rows grouped by the scale-up peer they arrive through (the source rank on one node, like
+    the real library's per-peer blocks), shuffled inside each group by ``seed``."""
 
     def order(src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
               group_key: torch.Tensor | None = None) -> torch.Tensor:
@@ -262,23 +248,23 @@ def v2_shuffled_receive_order() -> Iterator[None]:
         if self.deterministic:
             return original(self, *args, **kwargs)
         handle = call_argument(original, self, args, kwargs, "handle")
-        seed = getattr(handle, "_conformance_arrival_seed", None) if handle is not None else None
+        seed = _seed_of(handle)
         seed = next(_ARRIVALS) if seed is None else seed
         current.append(seed)
         try:
             out = original(self, *args, **kwargs)
         finally:
             current.pop()
-        out[3]._conformance_arrival_seed = seed
+        _SEEDS[out[3]] = seed
         return out
 
-    def receive(original: Any, self: Any, *args: Any, **kwargs: Any) -> dict:
-        if self.deterministic or not current:
-            return original(self, *args, **kwargs)
-        with unittest.mock.patch.object(_route, "receive_order", _arrival_order(current[-1])):
-            return original(self, *args, **kwargs)
+    def order(original: Any, src_ranks: torch.Tensor, src_tokens: torch.Tensor, num_max_tokens_per_rank: int,
+              group_key: torch.Tensor | None = None, deterministic: bool = False) -> torch.Tensor:
+        if deterministic or not current:
+            return original(src_ranks, src_tokens, num_max_tokens_per_rank, group_key, deterministic=deterministic)
+        return _arrival_order(current[-1])(src_ranks, src_tokens, num_max_tokens_per_rank, group_key)
 
-    with wrap_method(ElasticBuffer, "dispatch", dispatch), wrap_method(ElasticBuffer, "_receive", receive):
+    with seam("ElasticBuffer.dispatch", dispatch), seam("receive_order", order):
         yield
 
 
@@ -314,5 +300,5 @@ def expand_padding_garbage() -> Iterator[None]:
             garble_expand_padding(out, next(calls))
         return out
 
-    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+    with seam("ElasticBuffer.dispatch", dispatch):
         yield

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from conformance.emulation import ElasticBuffer, elastic
-from conformance.mutants.patching import wrap_method
+from conformance.emulation.elastic import collect_at_exit
+from conformance.mutants.patching import seam
 from conformance.mutants.registry import register
 
 #: The buffers the planted leak keeps (as a library-global registry would).
@@ -19,11 +19,10 @@ _leaked: list[Any] = []
           "keeps it): the destructor releases it at exit, after destroy_process_group(), and the process dies (the "
           "library's exit-time crash, for a user who did destroy)")
 def v2_destroy_leaves_the_runtime() -> Iterator[None]:
-    def destroy(original: Any, self: Any) -> None:
-        elastic.check(self.explicitly_destroy, "v2_destroy_not_explicit")
+    def release(original: Any, self: Any) -> None:  # after destroy()'s explicitly_destroy check
         self.explicitly_destroy = False  # the destructor will run destroy() itself, on whatever group is left
-        elastic._implicitly_destroyed.add(self)
+        collect_at_exit(self)
         _leaked.append(self)
 
-    with wrap_method(ElasticBuffer, "destroy", destroy):
+    with seam("v2_release", release):
         yield

@@ -9,29 +9,27 @@ from typing import Any
 
 import torch
 
-from conformance.emulation import _ll_buffer, _low_latency
-from conformance.emulation._ll_buffer import LowLatencyBuffer
-from conformance.emulation._low_latency import LowLatencyMixin
-from conformance.emulation.legacy import Buffer
-from conformance.emulation.utils.event import EventHandle, EventOverlap, defer
-from conformance.mutants.patching import wrap_method
+from conformance.emulation import EventHandle, EventOverlap
+from conformance.emulation.utils.event import defer, pending_work
+from conformance.mutants.patching import seam, through
 from conformance.mutants.registry import register
 
 
-@contextlib.contextmanager
-def _patch_function(name: str, replacement: Any) -> Iterator[None]:
-    original = getattr(_low_latency, name)
-    setattr(_low_latency, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(_low_latency, name, original)
-
-
 def _receive_deferred(event: Any) -> bool:
-    """Whether ``event`` (an ``EventOverlap``) covers CPU work not yet run: an async low-latency call's receive."""
+    """Whether ``event`` (an ``EventOverlap``) covers CPU work not yet run: an async low-latency call's receive
+    (on CUDA nothing is deferred: the event is the stream's)."""
     handle = getattr(event, "event", None)
-    return isinstance(handle, EventHandle) and handle._cuda_event is None and not handle.query()
+    return isinstance(handle, EventHandle) and pending_work() > 0 and not handle.query()
+
+
+def _mask_of(buffer: Any) -> list[bool]:
+    """A V1 buffer's shrink-mode mask now, as ``low_latency_query_mask_buffer`` reports it (all unmasked without a
+    mask buffer: shrink mode off or no RDMA bytes)."""
+    if not (buffer.enable_shrink and buffer.num_rdma_bytes > 0):
+        return [False] * buffer.group_size
+    status = torch.zeros(buffer.group_size, dtype=torch.int32)
+    buffer.low_latency_query_mask_buffer(status)
+    return [bool(v) for v in status.tolist()]
 
 
 def _after_receive(out: tuple, action: Callable[[], None]) -> tuple:
@@ -54,22 +52,17 @@ def _after_receive(out: tuple, action: Callable[[], None]) -> tuple:
 @register("ll-wrong-scale-row", "harmful",
           "low-latency FP8 cast: each token is sent with the scales of the previous token (rolled by one row)")
 def ll_wrong_scale_row() -> Iterator[None]:
-    def replacement(original: Any) -> Any:
-        def cast(x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
-            q, s = original(x, round_scale)
-            return q, s.roll(1, dims=0)
-        return cast
+    def cast(original: Any, x: torch.Tensor, round_scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        q, s = original(x, round_scale)
+        return q, s.roll(1, dims=0)
 
-    with _patch_function("fp8_cast", replacement):
+    with seam("ll_fp8_cast", cast):
         yield
 
 
 @register("ll-ue8m0-off-by-one", "harmful", "UE8M0 scale bytes one exponent too large")
 def ll_ue8m0_off_by_one() -> Iterator[None]:
-    def replacement(original: Any) -> Any:
-        return lambda scale_inv: original(scale_inv) + 1
-
-    with _patch_function("ue8m0_bytes", replacement):
+    with seam("ll_ue8m0_bytes", lambda original, scale_inv: original(scale_inv) + 1):
         yield
 
 
@@ -82,7 +75,7 @@ def ll_recv_count_off_by_one() -> Iterator[None]:
             out[1][0] += 1
         return _after_receive(out, bump)
 
-    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+    with seam("Buffer.low_latency_dispatch", after):
         yield
 
 
@@ -96,7 +89,7 @@ def ll_hook_before_data() -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         for name in ("low_latency_dispatch", "low_latency_combine"):
-            stack.enter_context(wrap_method(LowLatencyMixin, name, after))
+            stack.enter_context(seam(f"Buffer.{name}", after))
         yield
 
 
@@ -110,7 +103,7 @@ def ll_stats_not_accumulated() -> Iterator[None]:
         kwargs["cumulative_local_expert_recv_stats"] = scratch = torch.zeros_like(stats)
         return _after_receive(original(self, *args, **kwargs), lambda: stats.copy_(scratch))
 
-    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+    with seam("Buffer.low_latency_dispatch", after):
         yield
 
 
@@ -123,7 +116,7 @@ def ll_out_ignored() -> Iterator[None]:
             args = args[:8] + (None,) + args[9:]
         return original(self, *args, **kwargs)
 
-    with wrap_method(LowLatencyMixin, "low_latency_combine", after):
+    with seam("Buffer.low_latency_combine", after):
         yield
 
 
@@ -137,19 +130,13 @@ def ll_out_written_before_hook() -> Iterator[None]:
             out.zero_()
         return result
 
-    with wrap_method(LowLatencyMixin, "low_latency_combine", after):
+    with seam("Buffer.low_latency_combine", after):
         yield
 
 
-@contextlib.contextmanager
-def _wait_costs(charge: Any) -> Iterator[None]:
+def _wait_costs(charge: Any) -> Any:
     """The wait cost the kernels charge: ``charge(nominal)`` for a wait that found its data."""
-    original = _ll_buffer.NOMINAL_WAIT_CYCLES
-    _ll_buffer.NOMINAL_WAIT_CYCLES = charge(original)
-    try:
-        yield
-    finally:
-        _ll_buffer.NOMINAL_WAIT_CYCLES = original
+    return seam("ll_nominal_wait_cycles", lambda original: charge(original()))
 
 
 @register("ll-cost-stats-not-accumulated", "harmful",
@@ -165,9 +152,9 @@ def ll_cost_stats_not_accumulated() -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for method, name in (("low_latency_dispatch", "dispatch_wait_recv_cost_stats"),
                              ("low_latency_combine", "combine_wait_recv_cost_stats")):
-            stack.enter_context(wrap_method(LowLatencyMixin, method,
-                                            lambda original, self, *a, _n=name, **kw: after(original, self, *a,
-                                                                                            name=_n, **kw)))
+            stack.enter_context(seam(f"Buffer.{method}",
+                                     lambda original, self, *a, _n=name, **kw: after(original, self, *a, name=_n,
+                                                                                     **kw)))
         yield
 
 
@@ -183,59 +170,56 @@ def ll_wait_costs_doubled() -> Iterator[None]:
 def ll_masked_rank_waited_for() -> Iterator[None]:
     def charged(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
         out = original(self, *args, **kwargs)
-        state = self.__dict__.get("_ll_buffer")
-        masked = [] if state is None else [r for r, m in enumerate(state.masked()) if m]
+        masked = [r for r, m in enumerate(_mask_of(self)) if m]
         for name in ("dispatch_wait_recv_cost_stats", "combine_wait_recv_cost_stats"):
             if kwargs.get(name) is not None and masked:
                 cost = kwargs[name]
                 out = _after_receive(out, lambda cost=cost: cost.index_add_(
-                    0, torch.tensor(masked), torch.full((len(masked),), _ll_buffer.NOMINAL_WAIT_CYCLES,
+                    0, torch.tensor(masked), torch.full((len(masked),), through("ll_nominal_wait_cycles"),
                                                         dtype=cost.dtype)))
         return out
 
     with contextlib.ExitStack() as stack:
         for method in ("low_latency_dispatch", "low_latency_combine"):
-            stack.enter_context(wrap_method(LowLatencyMixin, method, charged))
+            stack.enter_context(seam(f"Buffer.{method}", charged))
         yield
 
 
 @register("ll-masked-rank-still-receives", "harmful",
           "shrink mode: dispatch ignores the mask buffer (masked ranks still send and receive tokens)")
 def ll_masked_rank_still_receives() -> Iterator[None]:
-    def unmasked(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        state = self._ll()
-        saved, state.mask = state.mask, None
+    ignoring: list[bool] = []  # non-empty while a dispatch (or its hook) runs
+
+    def ignored(run: Callable[[], Any]) -> Any:
+        ignoring.append(True)
         try:
-            out = original(self, *args, **kwargs)
+            return run()
         finally:
-            state.mask = saved
+            ignoring.pop()
+
+    def masked(original: Any, state: Any) -> list[bool]:
+        return [False] * state.num_ranks if ignoring else original(state)
+
+    def unmasked(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = ignored(lambda: original(self, *args, **kwargs))
         if out[-1] is None:
             return out
         hook = out[-1]
+        return out[:-1] + ((lambda: ignored(hook)),)
 
-        def late() -> None:
-            saved_late, state.mask = state.mask, None
-            try:
-                hook()
-            finally:
-                state.mask = saved_late
-        return out[:-1] + (late,)
-
-    with wrap_method(LowLatencyMixin, "low_latency_dispatch", unmasked):
+    with seam("Buffer.low_latency_dispatch", unmasked), seam("ll_masked", masked):
         yield
 
 
 @register("ll-masked-rank-still-contributes", "harmful",
           "shrink mode: combine adds the slots of experts on masked ranks (the rows they never sent)")
 def ll_masked_rank_still_contributes() -> Iterator[None]:
-    def replacement(original: Any) -> Any:
-        def reduce(*args: Any) -> torch.Tensor:
-            args = list(args)
-            args[7] = torch.zeros_like(args[7])  # skip: no rank masked
-            return original(*args)
-        return reduce
+    def reduce(original: Any, *args: Any) -> torch.Tensor:
+        args = list(args)
+        args[7] = torch.zeros_like(args[7])  # skip: no rank masked
+        return original(*args)
 
-    with _patch_function("_reduce", replacement):
+    with seam("ll_combine_reduce", reduce):
         yield
 
 
@@ -247,43 +231,36 @@ def ll_query_wrong_mask() -> Iterator[None]:
         flat = mask_status.view(-1)
         flat.copy_(flat.roll(-1))
 
-    with wrap_method(LowLatencyMixin, "low_latency_query_mask_buffer", after):
+    with seam("Buffer.low_latency_query_mask_buffer", after):
         yield
 
 
 @register("ll-clean-does-not-clean", "harmful",
           "clean_low_latency_buffer synchronises but zeroes nothing (stale signalling words stay)")
 def ll_clean_does_not_clean() -> Iterator[None]:
-    def words(original: Any, self: Any, *args: Any) -> torch.Tensor:
-        return original(self, *args).clone()  # zeroing a copy
-
-    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        with wrap_method(LowLatencyBuffer, "words", words):
-            return original(self, *args, **kwargs)
-
-    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+    with seam("ll_clean_signals", lambda original, state, lay: None):
         yield
 
 
 @register("ll-clean-zeroes-everything", "harmful",
           "clean_low_latency_buffer zeroes the whole RDMA buffer (staged zero-copy rows included)")
 def ll_clean_zeroes_everything() -> Iterator[None]:
-    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        original(self, *args, **kwargs)
-        self._ll().bytes.zero_()
+    def clean(original: Any, state: Any, lay: Any) -> None:
+        original(state, lay)
+        state.bytes.zero_()
 
-    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+    with seam("ll_clean_signals", clean):
         yield
 
 
 @register("ll-clean-flips-buffer-index", "harmful",
           "clean_low_latency_buffer also flips the double-buffer index (the next call uses the other buffer)")
 def ll_clean_flips_buffer_index() -> Iterator[None]:
-    def clean(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        original(self, *args, **kwargs)
-        self._ll().flip()
+    def clean(original: Any, state: Any, lay: Any) -> None:
+        original(state, lay)
+        state.flip()
 
-    with wrap_method(LowLatencyMixin, "clean_low_latency_buffer", clean):
+    with seam("ll_clean_signals", clean):
         yield
 
 
@@ -294,7 +271,7 @@ def ll_local_buffer_offset_in_elements() -> Iterator[None]:
                use_rdma_buffer: bool = False) -> torch.Tensor:
         return original(self, dtype, size, offset * dtype.itemsize, use_rdma_buffer)
 
-    with wrap_method(Buffer, "get_local_buffer_tensor", scaled):
+    with seam("Buffer.get_local_buffer_tensor", scaled):
         yield
 
 
@@ -310,21 +287,21 @@ def ll_async_event_missing() -> Iterator[None]:
 
     with contextlib.ExitStack() as stack:
         for method in ("low_latency_dispatch", "low_latency_combine"):
-            stack.enter_context(wrap_method(LowLatencyMixin, method, eventless))
+            stack.enter_context(seam(f"Buffer.{method}", eventless))
         yield
 
 
 @register("fp8-scales-not-moved", "harmful",
           "V1 FP8 dispatch delivers the received tokens' scale rows in the sender's row order (not moved with them)")
 def fp8_scales_not_moved() -> Iterator[None]:
-    def after(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        recv = original(self, *args, **kwargs)
-        scales = recv.fields.get("x_scales")
+    def after(original: Any, *args: Any, **kwargs: Any) -> Any:
+        recv = original(*args, **kwargs)
+        scales = recv.fields.get("x_scales")  # V1's FP8 scales (V2's are "sf")
         if scales is not None and scales.shape[0] > 1:
             recv.fields["x_scales"] = scales.flip(0)
         return recv
 
-    with wrap_method(Buffer, "_exchange", after):
+    with seam("exchange", after):
         yield
 
 
@@ -353,7 +330,7 @@ def ll_reverse_source_order() -> Iterator[None]:
 
         return _after_receive(out, reorder)
 
-    with wrap_method(LowLatencyMixin, "low_latency_dispatch", after):
+    with seam("Buffer.low_latency_dispatch", after):
         yield
 
 
@@ -361,14 +338,13 @@ def ll_reverse_source_order() -> Iterator[None]:
           "low-latency dispatch/combine with async_finish=True record their event before the receive phase is "
           "queued: waiting on it leaves the outputs unwritten (P15, P16)")
 def ll_async_event_before_receive() -> Iterator[None]:
-    def replacement(original: Any) -> Any:
-        def deliver(receive: Any, return_recv_hook: bool, async_finish: bool, device: torch.device) -> Any:
-            if async_finish and not return_recv_hook and device.type == "cpu":
-                event = EventOverlap(EventHandle(device))  # recorded too early
-                defer(receive)
-                return event
-            return original(receive, return_recv_hook, async_finish, device)
-        return deliver
+    def deliver(original: Any, receive: Any, return_recv_hook: bool, async_finish: bool,
+                device: torch.device) -> Any:
+        if async_finish and not return_recv_hook and device.type == "cpu":
+            event = EventOverlap(EventHandle(device))  # recorded too early
+            defer(receive)
+            return event
+        return original(receive, return_recv_hook, async_finish, device)
 
-    with _patch_function("_deliver", replacement):
+    with seam("ll_deliver", deliver):
         yield

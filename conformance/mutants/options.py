@@ -5,23 +5,22 @@ that does not wait for its event, a size hint that sizes the bf16 combine in FP8
 one benign change: ``prefer_overlap_with_compute=False`` taking every SM (a
 different, valid schedule, the same bytes).
 
-Each sits where the real bug would: in the emulated ``ElasticBuffer`` (its dispatch, its combine, its SM model).
+Each sits where the real bug would: at a seam of the emulated ``ElasticBuffer`` (its dispatch, its combine, its SM
+model, its sizing).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
-from conformance.emulation import _sizing
-from conformance.emulation.elastic import ElasticBuffer
-from conformance.emulation.utils.event import EventHandle
+import torch
+
+from conformance.emulation import EventHandle
 from conformance.mutants.layout import garble_expand_padding
-from conformance.mutants.patching import call_argument, rebinding, wrap_method
+from conformance.mutants.patching import call_argument, rebinding, seam, through
 from conformance.mutants.registry import register
 
 
@@ -35,7 +34,7 @@ def handle_not_copied() -> Iterator[None]:
             out[3].topk_idx = call_argument(original, self, args, kwargs, "topk_idx")
         return out
 
-    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+    with seam("ElasticBuffer.dispatch", dispatch):
         yield
 
 
@@ -51,7 +50,7 @@ def zero_padding_skipped() -> Iterator[None]:
             garble_expand_padding(out, next(calls))
         return out
 
-    with wrap_method(ElasticBuffer, "dispatch", dispatch):
+    with seam("ElasticBuffer.dispatch", dispatch):
         yield
 
 
@@ -64,7 +63,7 @@ def v2_stats_not_accumulated() -> Iterator[None]:
         if stats is not None and arguments["handle"] is None:
             stats.zero_()
 
-    with rebinding(ElasticBuffer, "dispatch", overwrite):
+    with rebinding("ElasticBuffer.dispatch", overwrite):
         yield
 
 
@@ -72,7 +71,7 @@ def v2_stats_not_accumulated() -> Iterator[None]:
 def _combine_as_if(allow_multiple_reduction: bool) -> Iterator[None]:
     """While active, the emulated combine's kernels reduce as if the buffer had been built with this flag (the flag
     the kernels are compiled with is wrong; the host-side size checks still read the buffer's own)."""
-    with wrap_method(ElasticBuffer, "_reduces_on_the_way", lambda original, self: allow_multiple_reduction):
+    with seam("v2_reduces_on_the_way", lambda original, self: allow_multiple_reduction):
         yield
 
 
@@ -97,11 +96,13 @@ class _NeverWaited(EventHandle):
     """An ``EventHandle`` whose wait does nothing (what an epilogue that skips ``stream_wait`` sees)."""
 
     def __init__(self) -> None:
-        self._cuda_event = None
-        self._captured = []
+        super().__init__(torch.device("cpu"))
 
     def current_stream_wait(self) -> None:
         return None
+
+    def query(self) -> bool:
+        return True
 
 
 @register("epilogue-event-ignored", "harmful",
@@ -112,7 +113,7 @@ def epilogue_event_ignored() -> Iterator[None]:
         if isinstance(arguments["previous_event_before_epilogue"], EventHandle):
             arguments["previous_event_before_epilogue"] = _NeverWaited()
 
-    with rebinding(ElasticBuffer, "dispatch", drop), rebinding(ElasticBuffer, "combine", drop):
+    with rebinding("ElasticBuffer.dispatch", drop), rebinding("ElasticBuffer.combine", drop):
         yield
 
 
@@ -123,9 +124,9 @@ def epilogue_event_ignored() -> Iterator[None]:
 def overlap_off_uses_every_sm() -> Iterator[None]:
     def every_sm(original: Any, self: Any, *args: Any, **kwargs: Any) -> int:
         result = original(self, *args, **kwargs)
-        return result if self.prefer_overlap_with_compute else _sizing.device_num_sms()
+        return result if self.prefer_overlap_with_compute else through("device_num_sms")
 
-    with wrap_method(ElasticBuffer, "get_theoretical_num_sms", every_sm):
+    with seam("ElasticBuffer.get_theoretical_num_sms", every_sm):
         yield
 
 
@@ -134,18 +135,24 @@ def overlap_off_uses_every_sm() -> Iterator[None]:
           "stays bf16): get_buffer_size_hint and ElasticBuffer(use_fp8_dispatch=True) too small for a combine "
           "(P18, P21)")
 def fp8_hint_sizes_combine_in_fp8() -> Iterator[None]:
-    original, token_bytes = _sizing.buffer_size_hint, _sizing.combine_token_bytes
+    sizing_fp8: list[bool] = []  # non-empty while an FP8 buffer size is computed
 
-    def halved(hidden: int, num_topk: int, with_mbarrier: bool, row_id: str) -> int:
-        return token_bytes(hidden // 2 if row_id == "v2_init_hidden_tma" else hidden, num_topk, with_mbarrier, row_id)
+    def halved(token_bytes: Any, hidden: int, num_topk: int, with_mbarrier: bool, row_id: str) -> int:
+        if sizing_fp8 and row_id == "v2_init_hidden_tma":  # the sizing formula only
+            hidden //= 2
+        return token_bytes(hidden, num_topk, with_mbarrier, row_id)
 
-    def hint(num_max_tokens_per_rank: int, hidden: int, num_topk: int, use_fp8_dispatch: bool, *args: Any) -> int:
+    def hint(original: Any, num_max_tokens_per_rank: int, hidden: int, num_topk: int, use_fp8_dispatch: bool,
+             *args: Any) -> int:
         if not use_fp8_dispatch:
             return original(num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, *args)
-        with mock.patch.object(_sizing, "combine_token_bytes", halved):  # the sizing formula only
+        sizing_fp8.append(True)
+        try:
             return original(num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, *args)
+        finally:
+            sizing_fp8.pop()
 
-    with mock.patch.object(_sizing, "buffer_size_hint", hint):
+    with seam("v2_buffer_size_hint", hint), seam("v2_combine_token_bytes", halved):
         yield
 
 
@@ -153,14 +160,11 @@ def fp8_hint_sizes_combine_in_fp8() -> Iterator[None]:
           "ElasticBuffer.get_buffer_size_hint(allow_hybrid_mode=False) sizes for hybrid mode (the constructor is "
           "right): on several nodes the direct-mode hint is wrong (P21)", min_nodes=2)
 def hint_ignores_allow_hybrid_mode() -> Iterator[None]:
-    original = ElasticBuffer.get_buffer_size_hint
-
-    @functools.wraps(original)
-    def hybrid(group: Any, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
+    def hybrid(original: Any, group: Any, num_max_tokens_per_rank: int, hidden: int, num_topk: int = 0,
                use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
                allow_multiple_reduction: bool = True) -> int:
         return original(group, num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch, True,
                         allow_multiple_reduction)
 
-    with mock.patch.object(ElasticBuffer, "get_buffer_size_hint", staticmethod(hybrid)):
+    with seam("ElasticBuffer.get_buffer_size_hint", hybrid):
         yield

@@ -4,14 +4,11 @@ reordering that the contract allows (V2's default receive order is not part of t
 from __future__ import annotations
 
 import inspect
-import unittest.mock
 from collections.abc import Iterator
 
 import torch
 
-from conformance.emulation import _route
-from conformance.emulation.elastic import ElasticBuffer
-from conformance.mutants.patching import has_token_rows, patch_dispatch_views, select_rows, wrap_method
+from conformance.mutants.patching import has_token_rows, patch_dispatch_views, seam, select_rows
 from conformance.mutants.registry import register
 
 
@@ -74,12 +71,12 @@ def wrong_source_index() -> Iterator[None]:
             meta[0, 0] += 1 if token + 1 < stride else -1  # stay within the source rank's range
         return plan
 
-    with wrap_method(ElasticBuffer, "_receive", receive):
+    with seam("v2_receive", receive):
         yield
 
 
 def _reversed_within_source(src_ranks, src_tokens, num_max_tokens_per_rank, group_key=None) -> torch.Tensor:
-    """Like ``_route.receive_order`` but each source rank's tokens arrive last-first."""
+    """Like the emulation's ``receive_order`` but each source rank's tokens arrive last-first."""
     reversed_token = num_max_tokens_per_rank - 1 - src_tokens.to(torch.int64)
     key = src_ranks.to(torch.int64) * num_max_tokens_per_rank + reversed_token
     if group_key is not None:
@@ -94,11 +91,10 @@ def _reversed_within_source(src_ranks, src_tokens, num_max_tokens_per_rank, grou
     "part of the contract unless deterministic=True)",
 )
 def v2_reversed_receive_order() -> Iterator[None]:
-    def receive(original, self, *args, **kwargs) -> dict:
-        if self.deterministic:
-            return original(self, *args, **kwargs)
-        with unittest.mock.patch.object(_route, "receive_order", _reversed_within_source):
-            return original(self, *args, **kwargs)
+    def order(original, src_ranks, src_tokens, num_max_tokens_per_rank, group_key=None, deterministic=False):
+        if deterministic:
+            return original(src_ranks, src_tokens, num_max_tokens_per_rank, group_key, deterministic=deterministic)
+        return _reversed_within_source(src_ranks, src_tokens, num_max_tokens_per_rank, group_key)
 
-    with wrap_method(ElasticBuffer, "_receive", receive):
+    with seam("receive_order", order):
         yield

@@ -4,9 +4,9 @@ Two families, both harmful:
 
 * a dropped refusal, one per kind of check (a dtype check, a shape/contiguity check, a size check, an
   argument-combination check, a buffer-state check): the emulation accepts the one offending call of that
-  row, as a library that lost the check would (``_refusals.SUPPRESSED``);
+  row, as a library that lost the check would (seam ``refusal_enforced``);
 * a refusal that fires on a valid call: a size check off by one (or using the wrong constant), so that a
-  legal call at the boundary is refused.
+  legal call at the boundary is refused (the seams of the checks, sizes and constants).
 
 Each mutant changes what the row's recipe or neighbour (conformance/tasks/refusals/) does; the self-test
 (tests/test_refusals.py) shows it.  They are not wired into a property yet: P12 will draw the table's rows.
@@ -14,26 +14,17 @@ Each mutant changes what the row's recipe or neighbour (conformance/tasks/refusa
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
-from conformance.emulation import ElasticBuffer, _low_latency, _refusals, legacy
-from conformance.mutants.patching import wrap_method
+from conformance.mutants.patching import seam
 from conformance.mutants.registry import register
 
 
-@contextlib.contextmanager
-def _dropped(row_id: str) -> Iterator[None]:
-    """The emulation skips the refusal of table row ``row_id`` while the block runs."""
-    if row_id not in _refusals.rows():
-        raise KeyError(f"no refusal-table row {row_id!r}")
-    _refusals.SUPPRESSED.add(row_id)
-    try:
-        yield
-    finally:
-        _refusals.SUPPRESSED.discard(row_id)
+def _dropped(row_id: str) -> Any:
+    """The emulation skips the refusal of table row ``row_id`` while the block runs (tests/test_refusals.py checks
+    that every row named here exists and that dropping it changes what its recipe does)."""
+    return seam("refusal_enforced", lambda original, row: row != row_id and original(row))
 
 
 #: mutant name -> the table row whose recipe (dropped refusals) or neighbour (false refusals) it changes.
@@ -78,7 +69,7 @@ def full_batch_refused() -> Iterator[None]:
         args[6] -= 1  # num_max_tokens_per_rank
         return original(self, *args, **kwargs)
 
-    with wrap_method(ElasticBuffer, "_check_dispatch", check):
+    with seam("v2_dispatch_checks", check):
         yield
 
 
@@ -88,13 +79,11 @@ TARGETS["refusal-nvl-bytes-overestimated"] = "v1_dispatch_nvl_bytes_data"
 @register("refusal-nvl-bytes-overestimated", "harmful",
           "V1 dispatch counts FP8 scale bytes for bfloat16 payloads too, refusing a legal, exactly sized buffer")
 def nvl_bytes_overestimated() -> Iterator[None]:
-    original = legacy.v1_dispatch_nvl_bytes
-
-    def overestimated(num_ranks: int, num_channels: int, config: Any, hidden: int, elem_size: int, num_topk: int,
-                      num_scales: int) -> int:
+    def overestimated(original: Any, num_ranks: int, num_channels: int, config: Any, hidden: int, elem_size: int,
+                      num_topk: int, num_scales: int) -> int:
         return original(num_ranks, num_channels, config, hidden, elem_size, num_topk, num_scales or hidden // 128)
 
-    with mock.patch.object(legacy, "v1_dispatch_nvl_bytes", overestimated):
+    with seam("v1_dispatch_nvl_bytes", overestimated):
         yield
 
 
@@ -104,7 +93,7 @@ TARGETS["refusal-nvl-alignment-256"] = "v1_init_nvl_bytes_alignment"
 @register("refusal-nvl-alignment-256", "harmful",
           "Buffer() requires num_nvl_bytes to be a multiple of 256 instead of 128, refusing legal sizes")
 def nvl_alignment_256() -> Iterator[None]:
-    with mock.patch.object(legacy, "BUFFER_ALIGNMENT_BYTES", 256):
+    with seam("v1_buffer_alignment_bytes", lambda original: 256):
         yield
 
 
@@ -115,13 +104,12 @@ TARGETS["refusal-ll-layout-overestimated"] = "v1_ll_combine_1643"
           "V1 low-latency layout adds the dispatch and combine receive buffers instead of sharing one, refusing a "
           "legal, exactly sized low-latency buffer")
 def ll_layout_overestimated() -> Iterator[None]:
-    original = _low_latency.layout_total_bytes
-
-    def overestimated(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+    def overestimated(original: Any, num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                      num_experts: int) -> int:
         scale_bytes = hidden // 128 * 4
         messages = (16 + max(hidden * 2, hidden + scale_bytes), hidden * 2 + scale_bytes)  # dispatch, combine
         smaller_recv = num_experts * num_max_dispatch_tokens_per_rank * min(messages)  # max(...) + min(...) = sum
         return original(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts) + 2 * smaller_recv
 
-    with mock.patch.object(_low_latency, "layout_total_bytes", overestimated):
+    with seam("ll_layout_total_bytes", overestimated):
         yield

@@ -11,31 +11,28 @@ renamed keyword argument.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import torch
 
-import conformance.emulation as emulation
-from conformance.emulation import Buffer, ElasticBuffer, legacy
-from conformance.emulation.utils import event as emulated_event
-from conformance.emulation.utils.event import EventHandle, EventOverlap
-from conformance.mutants.patching import rebinding, wrap_method
+from conformance.emulation import EventHandle, EventOverlap
+from conformance.emulation.utils.event import defer
+from conformance.mutants.patching import rebinding, renamed_export, resigned, seam
 from conformance.mutants.registry import register
 
 
 @register("async-result-before-ready", "harmful",
           "async dispatch/combine record their event before the copy-out is queued: waiting leaves stale rows")
 def async_result_before_ready() -> Iterator[None]:
-    def complete_later(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
+    def complete_later(original: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
         event = EventHandle(torch.device("cpu"))  # recorded too early
-        emulated_event.defer(lambda: [dst.copy_(src) for dst, src in fills])
+        defer(lambda: [dst.copy_(src) for dst, src in fills])
         return event
 
-    with mock.patch.object(emulated_event, "_complete_later", complete_later):
+    with seam("async_complete_later", complete_later):
         yield
 
 
@@ -47,17 +44,17 @@ def previous_event_ignored() -> Iterator[None]:
             arguments["previous_event"] = None
 
     # V1: the argument checks still see the event (allocate_on_comm_stream needs it), but nothing waits on it.
-    with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None), \
-            rebinding(ElasticBuffer, "dispatch", drop_v2):
+    with seam("v1_wait_previous_event", lambda original, previous_event: None), \
+            rebinding("ElasticBuffer.dispatch", drop_v2):
         yield
 
 
 @register("event-overlap-exit-no-wait", "harmful", "`with event_overlap:` does not wait on exit")
 def event_overlap_exit_no_wait() -> Iterator[None]:
-    def exit_without_wait(self: EventOverlap, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
-        self._release_handle_by_call = False
+    def exit_without_wait(original: Any, self: EventOverlap, exc_type: Any, exc_val: Any, exc_tb: Any) -> None:
+        self(release_handle=False)  # the block's release_handle is reset, as the real exit does; nothing is waited
 
-    with mock.patch.object(EventOverlap, "__exit__", exit_without_wait):
+    with seam("EventOverlap.__exit__", exit_without_wait):
         yield
 
 
@@ -65,13 +62,10 @@ def event_overlap_exit_no_wait() -> Iterator[None]:
           "EventOverlap.current_stream_wait(release_handle=True) keeps its event (the tensors recorded in it stay "
           "alive; also through `with event(release_handle=True):`)")
 def release_handle_ignored() -> Iterator[None]:
-    original = EventOverlap.current_stream_wait
-
-    @functools.wraps(original)
-    def keep(self: EventOverlap, release_handle: bool = False) -> Any:
+    def keep(original: Any, self: EventOverlap, release_handle: bool = False) -> Any:
         return original(self, False)
 
-    with mock.patch.object(EventOverlap, "current_stream_wait", keep):
+    with seam("EventOverlap.current_stream_wait", keep):
         yield
 
 
@@ -79,10 +73,10 @@ def release_handle_ignored() -> Iterator[None]:
           "EventOverlap.__call__(release_handle=True) returns the overlap without configuring the release: `with "
           "event(release_handle=True):` keeps the event")
 def event_call_drops_release_handle() -> Iterator[None]:
-    def call(self: EventOverlap, release_handle: bool = False) -> EventOverlap:
+    def call(original: Any, self: EventOverlap, release_handle: bool = False) -> EventOverlap:
         return self
 
-    with mock.patch.object(EventOverlap, "__call__", call):
+    with seam("EventOverlap.__call__", call):
         yield
 
 
@@ -90,40 +84,49 @@ def event_call_drops_release_handle() -> Iterator[None]:
           "EventOverlap.current_stream_wait runs the hook registered by register_hook_after_wait before it waits "
           "on the event (the hook sees an async call's outputs unwritten)")
 def hook_before_event_wait() -> Iterator[None]:
-    original = EventOverlap.current_stream_wait
-
-    @functools.wraps(original)
-    def hook_first(self: EventOverlap, release_handle: bool = False) -> Any:
+    def hook_first(original: Any, self: EventOverlap, release_handle: bool = False) -> Any:
         if self.hook_after_wait is not None:
             hook, self.hook_after_wait = self.hook_after_wait, None
             hook()
         return original(self, release_handle)
 
-    with mock.patch.object(EventOverlap, "current_stream_wait", hook_first):
+    with seam("EventOverlap.current_stream_wait", hook_first):
         yield
 
 
 @register("layout-ignores-previous-event", "harmful",
           "V1 get_dispatch_layout does not wait for previous_event (it reads a topk_idx a compute is still writing)")
 def layout_ignores_previous_event() -> Iterator[None]:
-    with _not_waiting_previous_event(Buffer, "get_dispatch_layout"):
+    with _not_waiting_previous_event("Buffer.get_dispatch_layout"):
         yield
 
 
-def _not_waiting_previous_event(cls: type, name: str) -> Any:
-    """``cls.name`` runs with V1's wait on ``previous_event`` skipped (its argument checks still see the event)."""
-    def skip(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        with mock.patch.object(legacy, "_wait_previous", lambda previous_event: None):
-            return original(self, *args, **kwargs)
+@contextlib.contextmanager
+def _not_waiting_previous_event(name: str) -> Iterator[None]:
+    """Entry point ``name`` runs with V1's wait on ``previous_event`` skipped (its argument checks still see the
+    event): seam ``v1_wait_previous_event`` waits for nothing while the call runs."""
+    inside: list[bool] = []
 
-    return wrap_method(cls, name, skip)
+    def call(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        inside.append(True)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    def wait(original: Any, previous_event: Any) -> None:
+        if not inside:
+            original(previous_event)
+
+    with seam(name, call), seam("v1_wait_previous_event", wait):
+        yield
 
 
 @register("internode-combine-ignores-previous-event", "harmful",
           "V1 internode_combine does not wait for previous_event (the argument checks still see it): a combine on "
           "several nodes reads expert outputs a compute is still writing", min_nodes=2)
 def internode_combine_ignores_previous_event() -> Iterator[None]:
-    with _not_waiting_previous_event(Buffer, "internode_combine"):
+    with _not_waiting_previous_event("Buffer.internode_combine"):
         yield
 
 
@@ -136,7 +139,7 @@ def barrier_returns_early_unless_sequential() -> Iterator[None]:
         if sequential:
             original(self, use_comm_stream, with_cpu_sync, sequential)
 
-    with wrap_method(ElasticBuffer, "barrier", barrier):
+    with seam("ElasticBuffer.barrier", barrier):
         yield
 
 
@@ -146,7 +149,7 @@ def qp_cap_exceeded_silently() -> Iterator[None]:
     def clamp(self: Any, arguments: dict[str, Any]) -> None:
         arguments["num_qps"] = min(arguments["num_qps"], self.num_allocated_qps)
 
-    with rebinding(ElasticBuffer, "dispatch", clamp):
+    with rebinding("ElasticBuffer.dispatch", clamp):
         yield
 
 
@@ -160,7 +163,7 @@ def too_many_tokens_truncated() -> Iterator[None]:
                 if arguments[key] is not None:
                     arguments[key] = arguments[key][:limit]
 
-    with rebinding(ElasticBuffer, "dispatch", truncate):
+    with rebinding("ElasticBuffer.dispatch", truncate):
         yield
 
 
@@ -169,11 +172,8 @@ def too_many_tokens_truncated() -> Iterator[None]:
 def refusal_corrupts_buffer() -> Iterator[None]:
     dirty: set[int] = set()
 
-    def tracking(cls: type, name: str, corrupt: bool) -> Any:
-        original = getattr(cls, name)
-
-        @functools.wraps(original)
-        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def tracking(name: str, corrupt: bool) -> Any:
+        def wrapper(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
                 result = original(self, *args, **kwargs)
             except Exception:
@@ -184,10 +184,10 @@ def refusal_corrupts_buffer() -> Iterator[None]:
                 result[0][0].view(torch.uint8).bitwise_xor_(0x5A)  # leftovers of the rejected call
             return result
 
-        return mock.patch.object(cls, name, wrapper)
+        return seam(name, wrapper)
 
-    with (tracking(Buffer, "get_dispatch_layout", False), tracking(Buffer, "dispatch", True),
-          tracking(ElasticBuffer, "dispatch", True), tracking(ElasticBuffer, "combine", False)):
+    with (tracking("Buffer.get_dispatch_layout", False), tracking("Buffer.dispatch", True),
+          tracking("ElasticBuffer.dispatch", True), tracking("ElasticBuffer.combine", False)):
         yield
 
 
@@ -199,7 +199,7 @@ def combine_ignores_handle_num_sms() -> Iterator[None]:
             handle = arguments["handle"]
             arguments["num_sms"] = self.get_theoretical_num_sms(handle.num_experts, handle.topk_idx.shape[1])
 
-    with rebinding(ElasticBuffer, "combine", recompute):
+    with rebinding("ElasticBuffer.combine", recompute):
         yield
 
 
@@ -209,7 +209,7 @@ def explicit_qp_count_ignored() -> Iterator[None]:
     def automatic(self: Any, arguments: dict[str, Any]) -> None:
         arguments["num_allocated_qps"] = 0
 
-    with rebinding(ElasticBuffer, "__init__", automatic):
+    with rebinding("ElasticBuffer.__init__", automatic):
         yield
 
 
@@ -220,7 +220,7 @@ def explicit_num_bytes_ignored() -> Iterator[None]:
         if arguments["num_cpu_bytes"] == 0:
             arguments["num_bytes"] = None
 
-    with rebinding(ElasticBuffer, "__init__", from_settings):
+    with rebinding("ElasticBuffer.__init__", from_settings):
         yield
 
 
@@ -230,25 +230,8 @@ def theoretical_sms_ignores_write_bandwidth() -> Iterator[None]:
     def default_write(self: Any, arguments: dict[str, Any]) -> None:
         arguments["sm_write_gbs"] = 50
 
-    with rebinding(ElasticBuffer, "get_theoretical_num_sms", default_write):
+    with rebinding("ElasticBuffer.get_theoretical_num_sms", default_write):
         yield
-
-
-def _signature_patch(cls: type, name: str, edit: Callable[[list[inspect.Parameter]], list[inspect.Parameter]],
-                     translate: dict[str, str]) -> Any:
-    """Patch ``cls.name`` so its signature is ``edit``-ed; calls using the new names are translated back."""
-    original = getattr(cls, name)
-    signature = inspect.signature(original)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for new, old in translate.items():
-            if new in kwargs:
-                kwargs[old] = kwargs.pop(new)
-        return original(*args, **kwargs)
-
-    wrapper.__signature__ = signature.replace(parameters=edit(list(signature.parameters.values())))
-    wrapper.__doc__ = original.__doc__
-    return mock.patch.object(cls, name, wrapper)
 
 
 @register("renamed-dispatch-kwarg", "harmful",
@@ -257,7 +240,7 @@ def renamed_dispatch_kwarg() -> Iterator[None]:
     def rename(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
         return [p.replace(name="max_tokens_per_rank") if p.name == "num_max_tokens_per_rank" else p for p in params]
 
-    with _signature_patch(ElasticBuffer, "dispatch", rename, {"max_tokens_per_rank": "num_max_tokens_per_rank"}):
+    with resigned("ElasticBuffer.dispatch", rename, {"max_tokens_per_rank": "num_max_tokens_per_rank"}):
         yield
 
 
@@ -267,16 +250,14 @@ def added_optional_combine_kwarg() -> Iterator[None]:
     def add(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
         return params + [inspect.Parameter("do_zero_padding", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=False)]
 
-    with _signature_patch(ElasticBuffer, "combine", add, {}):
+    with resigned("ElasticBuffer.combine", add, {}):
         yield
 
 
 @register("renamed-elastic-buffer", "harmful",
           "deep_ep renames ElasticBuffer to EPBuffer (as V2.5 does): the old name no longer imports (API surface)")
 def renamed_elastic_buffer() -> Iterator[None]:
-    with mock.patch.dict(emulation.__dict__):
-        del emulation.__dict__["ElasticBuffer"]
-        emulation.__dict__["EPBuffer"] = ElasticBuffer
+    with renamed_export("ElasticBuffer", "EPBuffer"):
         yield
 
 
@@ -288,5 +269,5 @@ def v2_cached_dispatch_fixed() -> Iterator[None]:
         if arguments["handle"] is not None and arguments["num_experts"] is None:
             arguments["num_experts"] = arguments["handle"].num_experts
 
-    with rebinding(ElasticBuffer, "dispatch", from_handle):
+    with rebinding("ElasticBuffer.dispatch", from_handle):
         yield

@@ -8,49 +8,48 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import torch
 
-from conformance.emulation import Buffer, ElasticBuffer
-from conformance.emulation.utils import event as emulated_event
-from conformance.emulation.utils.event import EventHandle
-from conformance.mutants.patching import wrap_method
+from conformance.emulation import EventHandle
+from conformance.emulation.utils.event import defer, pending_work
+from conformance.mutants.patching import seam
 from conformance.mutants.registry import register
 
-
-def _handle_position(cls: type) -> int:
-    """Index of the handle among dispatch's outputs (V1: 6-tuple, handle 5th; V2: 5-tuple, handle 4th)."""
-    return 4 if cls is Buffer else 3
+#: stale-handle-after-newer-dispatch: the handles of each buffer's fresh dispatches, oldest first (the buffer's state,
+#: not one activation's: it outlives a task, as a call sequence's steps are tasks of their own).
+_HANDLES: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
 
 
 @register("stale-handle-after-newer-dispatch", "harmful",
           "a buffer keeps the layout of its newest dispatch: a cached dispatch or combine through an older handle of "
           "the same buffer uses the newest one instead")
 def stale_handle_after_newer_dispatch() -> Iterator[None]:
-    def remember(cls: type) -> Any:
+    def remember(position: int) -> Any:
+        """The wrappers of one API's dispatch and combine (``position``: the handle's index among dispatch's outputs,
+        V1 6-tuple 4, V2 5-tuple 3)."""
         def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
             handle = kwargs.get("handle")
-            mine = self.__dict__.setdefault("_mutant_handles", [])
+            mine = _HANDLES.setdefault(self, [])
             if handle is not None and any(h is handle for h in mine) and handle is not mine[-1]:
                 kwargs["handle"] = mine[-1]
             result = original(self, *args, **kwargs)
             if handle is None:
-                mine.append(result[_handle_position(cls)])
+                mine.append(result[position])
             return result
 
         def combine(original: Any, self: Any, x: Any, handle: Any = None, *args: Any, **kwargs: Any) -> Any:
-            mine = self.__dict__.get("_mutant_handles", [])
+            mine = _HANDLES.get(self, [])
             if handle is not None and any(h is handle for h in mine) and handle is not mine[-1]:
                 handle = mine[-1]
             return original(self, x, handle, *args, **kwargs)
 
         return dispatch, combine
 
-    v1_dispatch, v1_combine = remember(Buffer)
-    v2_dispatch, v2_combine = remember(ElasticBuffer)
-    with wrap_method(Buffer, "dispatch", v1_dispatch), wrap_method(Buffer, "combine", v1_combine), \
-            wrap_method(ElasticBuffer, "dispatch", v2_dispatch), wrap_method(ElasticBuffer, "combine", v2_combine):
+    v1_dispatch, v1_combine = remember(4)
+    v2_dispatch, v2_combine = remember(3)
+    with seam("Buffer.dispatch", v1_dispatch), seam("Buffer.combine", v1_combine), \
+            seam("ElasticBuffer.dispatch", v2_dispatch), seam("ElasticBuffer.combine", v2_combine):
         yield
 
 
@@ -58,16 +57,14 @@ def stale_handle_after_newer_dispatch() -> Iterator[None]:
           "an async call made while another is still in flight records its event before its own copy-out: waiting "
           "on it completes only the earlier call, and its result is read before it is written")
 def event_misses_own_work_when_busy() -> Iterator[None]:
-    original = emulated_event._complete_later
-
-    def complete_later(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
-        if emulated_event.pending_work() == 0:
+    def complete_later(original: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
+        if pending_work() == 0:
             return original(fills)
         event = EventHandle(torch.device("cpu"))  # covers the call already in flight, not this one
-        emulated_event.defer(lambda: [dst.copy_(src) for dst, src in fills])
+        defer(lambda: [dst.copy_(src) for dst, src in fills])
         return event
 
-    with mock.patch.object(emulated_event, "_complete_later", complete_later):
+    with seam("async_complete_later", complete_later):
         yield
 
 
@@ -79,11 +76,10 @@ _RECEIVE_SLOTS: dict[tuple[Any, ...], torch.Tensor] = {}
           "two async calls in flight at once whose outputs have the same shape get the same receive tensor: the "
           "later copy-out overwrites the earlier call's result")
 def async_calls_share_receive_slot() -> Iterator[None]:
-    original = emulated_event._placeholder
     slots = _RECEIVE_SLOTS  # the library's state, not this activation's: it outlives a task (a sequence's step)
 
-    def placeholder(value: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        if emulated_event.pending_work() == 0:
+    def placeholder(original: Any, value: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        if pending_work() == 0:
             slots.clear()  # nothing in flight: every slot is free again
         if not isinstance(value, torch.Tensor) or value.device.type != "cpu":
             return original(value, fills)
@@ -94,7 +90,7 @@ def async_calls_share_receive_slot() -> Iterator[None]:
         slots[key] = original(value, fills)
         return slots[key]
 
-    with mock.patch.object(emulated_event, "_placeholder", placeholder):
+    with seam("async_placeholder", placeholder):
         yield
 
 
@@ -112,5 +108,5 @@ def destroyed_buffer_revived_by_new_buffer() -> Iterator[None]:
                 other.runtime = self.runtime
         built.append(weakref.ref(self))
 
-    with wrap_method(Buffer, "__init__", init), wrap_method(ElasticBuffer, "__init__", init):
+    with seam("Buffer.__init__", init), seam("ElasticBuffer.__init__", init):
         yield

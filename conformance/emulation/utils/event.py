@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..seams import seam
+
 
 class _Work:
     """One queued piece of CPU work (runs at most once)."""
@@ -89,6 +91,7 @@ class EventHandle:
         return bool(self._cuda_event.query())
 
 
+@seam("async_placeholder")
 def _placeholder(value: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     """A not-yet-written stand-in for a CPU output (bytes 0xA5), registering the copy that completes it."""
     if isinstance(value, tuple):
@@ -102,6 +105,7 @@ def _placeholder(value: Any, fills: list[tuple[torch.Tensor, torch.Tensor]]) -> 
     return stale
 
 
+@seam("async_complete_later")
 def _complete_later(fills: list[tuple[torch.Tensor, torch.Tensor]]) -> EventHandle:
     """Queue the copy-out of an async call, then capture the event that covers it."""
     defer(lambda: [dst.copy_(src) for dst, src in fills])
