@@ -4,7 +4,18 @@ This module is the vocabulary every property draws from (like array-api-tests' `
 the sizes and choices below, and :func:`examples`, which reaches the corners the contract cares about:
 empty ranks, ranks at the pinned maximum, all tokens to one rank or one expert, every slot masked, top-k up
 to the number of experts, alignments with counts around their multiples, and payloads carrying NaN bit
-patterns, -0.0 and +-Inf.  Area modules build the richer cases on it: :mod:`~conformance.strategies.layout`
+patterns, -0.0 and +-Inf.
+
+The routing is drawn as data, slot by slot (:func:`with_drawn_routing`, ``Example.topk_idx``), the way the derived
+one is built from ``routing`` and ``mask_ratio`` (a slot masked with probability ``mask_ratio``; the pattern's
+experts: any, a few hot ones, rank 0's only, expert 0 in the first slot), so that Hypothesis shrinks the routing
+itself: a slot shrinks to masked (where ``mask_ratio`` masks any) or to the lowest expert id free in its row.  Only
+the first :data:`DRAWN_ROUTING_MAX_SLOTS` slots are drawn (rank by rank, token by token: every slot of a small
+example); a large example's tokens past them derive their routing from its seed (drawing thousands of slots would
+slow every draw).  Fewer tokens never draw more slots, so a large failing example shrinks into a small one with its
+routing draws (the routing of a rank's first tokens: a rank's tokens shrink from the last).
+
+Area modules build the richer cases on it: :mod:`~conformance.strategies.layout`
 (counts aimed at alignment edges), :mod:`~conformance.strategies.combine` (combine, round trip, cached
 dispatch, gradients), :mod:`~conformance.strategies.calls` (events, QP cap, bad input, API surface).
 
@@ -13,6 +24,7 @@ Every strategy takes the world size: a property's strategy is ``world_size -> Se
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +40,14 @@ ALIGNMENTS = (1, 2, 16, 128)
 MASK_RATIOS = (0.0, 0.1, 0.5, 1.0)
 MAX_TOPK = 8
 MAX_EXPERTS_PER_RANK = 8
+#: The routing of this many slots (tokens x top-k, rank by rank) is drawn as data; the rest derives from the seed.
+DRAWN_ROUTING_MAX_SLOTS = 128
+#: A slot is one integer draw in ``0..SLOT_VALUES - 1``, scrambled onto [0, 1) by an odd multiplier (a bijection):
+#: Hypothesis favours small integers, the scrambled values are near uniform, and 0 (where shrinking heads) stays 0.
+SLOT_VALUES = 1 << 16
+SLOT_SCRAMBLE = 40503  # 2**16 / the golden ratio, odd
+#: ``skewed``: a slot's position among the experts in order of popularity is ``u ** SKEW_POWER`` of the way down.
+SKEW_POWER = 8
 
 
 @st.composite
@@ -63,7 +83,51 @@ def examples(
         num_max_tokens_per_rank=num_max,
     )
     example.validate()
-    return example
+    return with_drawn_routing(draw, example)
+
+
+def with_drawn_routing(draw: st.DrawFn, example: Example) -> Example:
+    """``example`` with the routing of its first :data:`DRAWN_ROUTING_MAX_SLOTS` slots drawn as data (``topk_idx``:
+    rank by rank, whole tokens; the tokens past them derive theirs from the seed).
+
+    Drawn as the derived routing is built: per rank, per token, per slot, a value ``u`` in [0, 1); the slot is
+    masked if ``u < mask_ratio``, else it takes an expert not in its row yet, among the pattern's candidates:
+    ``random`` any expert (ascending), ``skewed`` every expert in order of popularity from a drawn hot expert on (the
+    same order on every rank; the position ``u ** SKEW_POWER`` of the way down), ``one_rank`` rank 0's experts (a
+    slot with none left is masked), ``one_expert`` expert 0 in the first slot, then any.  Every slot is one draw
+    whatever the pattern, so a change of pattern while shrinking keeps the slots aligned."""
+    budget = DRAWN_ROUTING_MAX_SLOTS // example.num_topk  # tokens drawn
+    num_experts, ratio = example.num_experts, example.mask_ratio
+    hot = draw(st.integers(0, num_experts - 1), label="hot expert")
+    popularity = [(hot + i) % num_experts for i in range(num_experts)]
+    slot = st.integers(0, SLOT_VALUES - 1)
+    rows = []
+    for tokens in example.tokens_per_rank:
+        rank_rows = []
+        for _ in range(min(tokens, budget)):
+            budget -= 1
+            row: list[int] = []
+            for j in range(example.num_topk):
+                u = draw(slot) * SLOT_SCRAMBLE % SLOT_VALUES / SLOT_VALUES
+                if example.routing == "one_expert" and j == 0:
+                    order: list[int] = [0]
+                elif example.routing == "one_rank":
+                    order = list(range(example.experts_per_rank))
+                else:
+                    order = popularity if example.routing == "skewed" else list(range(num_experts))
+                candidates = [e for e in order if e not in row]
+                if u < ratio or not candidates:
+                    row.append(-1)
+                    continue
+                position = (u - ratio) / (1 - ratio)
+                if example.routing == "skewed":
+                    position **= SKEW_POWER
+                row.append(candidates[min(int(position * len(candidates)), len(candidates) - 1)])
+            rank_rows.append(tuple(row))
+        rows.append(tuple(rank_rows))
+    drawn = dataclasses.replace(example, topk_idx=tuple(rows))
+    drawn.validate()
+    return drawn
 
 
 def sized(build: Callable[[int], st.SearchStrategy[Any]]) -> Callable[[Any], st.SearchStrategy[Any]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.core.example import Example
-from conformance.strategies import MAX_TOKENS_PER_RANK, examples
+from conformance.strategies import MAX_TOKENS_PER_RANK, examples, with_drawn_routing
 
 #: Small hidden sizes (dispatch only; V2 dispatch accepts 128, only its combine does not).
 LAYOUT_HIDDEN_SIZES = (128, 256)
@@ -48,7 +48,7 @@ def aimed_alignment_examples(draw: st.DrawFn, world_size: int) -> Example:
         num_max_tokens_per_rank=num_max,
     )
     example.validate()
-    return example
+    return with_drawn_routing(draw, example)
 
 
 def layout_examples(world_size: int) -> st.SearchStrategy[Example]:
