@@ -12,8 +12,7 @@ experts: any, a few hot ones, rank 0's only, expert 0 in the first slot), so tha
 itself: a slot shrinks to masked (where ``mask_ratio`` masks any) or to the lowest expert id free in its row.  Only
 the first :data:`DRAWN_ROUTING_MAX_SLOTS` slots are drawn (rank by rank, token by token: every slot of a small
 example); a large example's tokens past them derive their routing from its seed (drawing thousands of slots would
-slow every draw).  Fewer tokens never draw more slots, so a large failing example shrinks into a small one with its
-routing draws (the routing of a rank's first tokens: a rank's tokens shrink from the last).
+slow every draw).
 
 Area modules build the richer cases on it: :mod:`~conformance.strategies.layout`
 (counts aimed at alignment edges), :mod:`~conformance.strategies.combine` (combine, round trip, cached
@@ -42,10 +41,6 @@ MAX_TOPK = 8
 MAX_EXPERTS_PER_RANK = 8
 #: The routing of this many slots (tokens x top-k, rank by rank) is drawn as data; the rest derives from the seed.
 DRAWN_ROUTING_MAX_SLOTS = 128
-#: A slot is one integer draw in ``0..SLOT_VALUES - 1``, scrambled onto [0, 1) by an odd multiplier (a bijection):
-#: Hypothesis favours small integers, the scrambled values are near uniform, and 0 (where shrinking heads) stays 0.
-SLOT_VALUES = 1 << 16
-SLOT_SCRAMBLE = 40503  # 2**16 / the golden ratio, odd
 #: ``skewed``: a slot's position among the experts in order of popularity is ``u ** SKEW_POWER`` of the way down.
 SKEW_POWER = 8
 
@@ -63,6 +58,7 @@ def examples(
 ) -> Example:
     """Examples for a world of ``world_size`` ranks (``routings``, ``mask_ratios`` and ``min_topk``, at most the
     number of experts, narrow the draws: a property that needs tokens reaching many ranks asks for it)."""
+    slots = draw(routing_values(), label="routing slots")
     num_max = draw(st.sampled_from(max_tokens), label="num_max_tokens_per_rank")
     tokens = draw(
         st.lists(st.integers(0, num_max), min_size=world_size, max_size=world_size),
@@ -83,24 +79,39 @@ def examples(
         num_max_tokens_per_rank=num_max,
     )
     example.validate()
-    return with_drawn_routing(draw, example)
+    return with_drawn_routing(example, slots)
 
 
-def with_drawn_routing(draw: st.DrawFn, example: Example) -> Example:
+def routing_values() -> st.SearchStrategy[bytes]:
+    """The values a routing is drawn from (:func:`with_drawn_routing`): drawn first, before the example's sizes."""
+    return st.binary(min_size=DRAWN_ROUTING_MAX_SLOTS + 1, max_size=DRAWN_ROUTING_MAX_SLOTS + 1)
+
+
+def with_drawn_routing(example: Example, values: bytes) -> Example:
     """``example`` with the routing of its first :data:`DRAWN_ROUTING_MAX_SLOTS` slots drawn as data (``topk_idx``:
     rank by rank, whole tokens; the tokens past them derive theirs from the seed).
 
-    Drawn as the derived routing is built: per rank, per token, per slot, a value ``u`` in [0, 1); the slot is
-    masked if ``u < mask_ratio``, else it takes an expert not in its row yet, among the pattern's candidates:
-    ``random`` any expert (ascending), ``skewed`` every expert in order of popularity from a drawn hot expert on (the
-    same order on every rank; the position ``u ** SKEW_POWER`` of the way down), ``one_rank`` rank 0's experts (a
-    slot with none left is masked), ``one_expert`` expert 0 in the first slot, then any.  Every slot is one draw
-    whatever the pattern, so a change of pattern while shrinking keeps the slots aligned."""
+    Drawn as the derived routing is built: per rank, per token, per slot, a value ``u`` in [0, 1) (a byte / 256);
+    the slot is masked if ``u < mask_ratio``, else it takes an expert not in its row yet, among the pattern's
+    candidates: ``random`` any expert (ascending), ``skewed`` every expert in order of popularity from a drawn hot
+    expert on (the same order on every rank; the position ``u ** SKEW_POWER`` of the way down), ``one_rank`` rank 0's
+    experts (a slot with none left is masked), ``one_expert`` expert 0 in the first slot, then any.
+
+    The values are one draw of :func:`routing_values` (the first byte picks the hot expert, one byte per slot after
+    it), whatever the example (the ones past its slots unused; Hypothesis shrinks each byte towards 0):
+
+    - one draw: a draw per slot would cost as much again as the rest of the example;
+    - the same number of values for every example: fewer tokens or a smaller top-k never ask for more, so a large
+      failing example shrinks into a small one with its routing (and a change of pattern keeps the slots aligned);
+    - drawn before the example's sizes: Hypothesis often fills the end of a choice sequence with its simplest values
+      (its first, size-capped draws; the mutations of its later ones), which would mask every slot of a third of
+      the examples (as the derived routing does not: its simplest seed, 0, routes at random).
+    """
     budget = DRAWN_ROUTING_MAX_SLOTS // example.num_topk  # tokens drawn
     num_experts, ratio = example.num_experts, example.mask_ratio
-    hot = draw(st.integers(0, num_experts - 1), label="hot expert")
+    hot = values[0] % num_experts
     popularity = [(hot + i) % num_experts for i in range(num_experts)]
-    slot = st.integers(0, SLOT_VALUES - 1)
+    slots = iter(values[1:])
     rows = []
     for tokens in example.tokens_per_rank:
         rank_rows = []
@@ -108,7 +119,7 @@ def with_drawn_routing(draw: st.DrawFn, example: Example) -> Example:
             budget -= 1
             row: list[int] = []
             for j in range(example.num_topk):
-                u = draw(slot) * SLOT_SCRAMBLE % SLOT_VALUES / SLOT_VALUES
+                u = next(slots) / 256
                 if example.routing == "one_expert" and j == 0:
                     order: list[int] = [0]
                 elif example.routing == "one_rank":
