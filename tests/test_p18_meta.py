@@ -4,14 +4,21 @@ corners."""
 import pytest
 
 from conformance.strategies.low_latency import fp8_examples
-from tests.meta import assert_caught, assert_holds, sample
+from tests.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
 
 PID = "P18-fp8-payloads"
 
 
+#: Draws to find a case: fp8-hint-sizes-combine-in-fp8 needs a shape whose FP8 buffer size crosses a 2 MiB boundary
+#: once the combine layout is halved, 11 draws of 300 (3.7%, the same with a derived or a drawn routing): 60 draws miss
+#: it one time in ten, 200 one time in 2000.
+DRAWS = {"fp8-hint-sizes-combine-in-fp8": 200}
+
+
 @pytest.mark.parametrize("mutant", ['fp8-scales-not-moved', 'fp8-hint-sizes-combine-in-fp8'])
 def test_catches(emulated_session, mutant: str) -> None:
-    example, message = assert_caught(emulated_session, PID, mutant, fp8_examples(2))
+    example, message = assert_caught(emulated_session, PID, mutant, fp8_examples(2),
+                                     max_examples=DRAWS.get(mutant, FIND_SETTINGS.max_examples))
     assert "expected" in message and "[" in message, message  # value, expectation and the call
 
 

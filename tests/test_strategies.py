@@ -7,7 +7,8 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 
 from conformance.core.example import SPECIAL_BF16_BITS, Example, build_all_inputs, build_rank_inputs
-from conformance.strategies import ALIGNMENTS, examples
+from conformance.strategies import ALIGNMENTS, DRAWN_ROUTING_MAX_SLOTS, examples
+from conformance.strategies.vocabulary import JIT, snap_example
 
 WORLD = 4
 COVERAGE = settings(max_examples=3000, database=None, deadline=None, derandomize=True,
@@ -35,6 +36,14 @@ CORNERS = {
     "special float bytes": lambda e: e.payload == "special" and sum(e.tokens_per_rank) > 0,
     "exactly summable payloads": lambda e: e.payload == "integers" and sum(e.tokens_per_rank) > 0,
     "hidden 7168": lambda e: e.hidden == 7168,
+    "a drawn routing with routed and masked slots": lambda e: e.topk_idx is not None and len(
+        {slot >= 0 for rows in e.topk_idx for row in rows for slot in row}) == 2,
+    "a drawn routing of every slot masked": lambda e: e.topk_idx is not None and e.mask_ratio == 1.0 and sum(
+        e.tokens_per_rank) > 0,
+    "a drawn routing to one rank with top-k above its experts": lambda e: e.topk_idx is not None and e.routing ==
+        "one_rank" and e.num_topk > e.experts_per_rank and sum(e.tokens_per_rank) > 0,
+    "a large example: its first slots drawn, the others derived": lambda e: e.topk_idx is not None and sum(
+        map(len, e.topk_idx)) < sum(e.tokens_per_rank),
 }
 
 
@@ -58,6 +67,15 @@ def test_counts_just_around_an_alignment_multiple(alignment: int, offset: int) -
 @settings(max_examples=60, database=None, deadline=None, suppress_health_check=list(HealthCheck))
 @given(examples(WORLD))
 def test_inputs_are_valid_and_deterministic(example: Example) -> None:
+    assert Example.from_json(example.to_json()) == example  # the report's counterexample replays exactly
+    # the routing of the first slots is drawn (rank by rank, whole tokens: all of a small example), and is the routing
+    assert example.topk_idx is not None
+    drawn = [len(rows) for rows in example.topk_idx]
+    budget = DRAWN_ROUTING_MAX_SLOTS // example.num_topk
+    for rank, tokens in enumerate(example.tokens_per_rank):
+        assert drawn[rank] == min(tokens, budget - sum(drawn[:rank])), (drawn, example.tokens_per_rank)
+    for inputs, rows in zip(build_all_inputs(example), example.topk_idx, strict=True):
+        assert inputs.topk_idx[:len(rows)].tolist() == [list(row) for row in rows]
     for rank in range(WORLD):
         first, again = build_rank_inputs(example, rank), build_rank_inputs(example, rank)
         assert torch.equal(first.x.view(torch.int16), again.x.view(torch.int16))
@@ -101,3 +119,59 @@ def test_strategies_spend_little_of_v2s_budget_on_its_known_combine_limit() -> N
         shares = [_share_of_hidden_128(strategy, example_of, s) for s in range(8)]
         mean = sum(shares) / len(shares)
         assert 0 < mean < 0.3, (name, shares)
+
+
+def _routed_ranks(example: Example, row: tuple[int, ...]) -> list[int]:
+    return [e // example.experts_per_rank if e >= 0 else -1 for e in row]
+
+
+@settings(max_examples=60, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+@given(examples(WORLD))
+def test_a_drawn_routing_stays_valid_on_every_vocabulary_shape(example: Example) -> None:
+    """``--shapes jit`` snaps top-k, experts and tokens: a drawn routing is refitted (valid, deterministic, every token
+    keeps the ranks its first slots went to, unless two experts of a rank fold onto one: then -1)."""
+    for shape in JIT.shapes:
+        snapped = snap_example(example, shape)
+        snapped.validate()
+        assert snapped == snap_example(example, shape) and Example.from_json(snapped.to_json()) == snapped
+        assert example.topk_idx is not None and snapped.topk_idx is not None
+        for rows, snapped_rows in zip(example.topk_idx, snapped.topk_idx, strict=True):
+            assert len(snapped_rows) == min(len(rows), shape.num_max_tokens_per_rank)  # (the drawn ones)
+            for row, snapped_row in zip(rows, snapped_rows, strict=False):  # (tokens past the maximum dropped)
+                kept = min(len(row), len(snapped_row))
+                for before, after in zip(_routed_ranks(example, row[:kept]),
+                                         _routed_ranks(snapped, snapped_row[:kept]), strict=True):
+                    assert after in (before, -1), (row, snapped_row)
+        for inputs, rows in zip(build_all_inputs(snapped), snapped.topk_idx, strict=True):
+            assert inputs.topk_idx[:len(rows)].tolist() == [list(row) for row in rows]
+
+
+def test_the_tokens_past_the_drawn_rows_are_routed_as_derived() -> None:
+    """The tokens past a rank's drawn rows (a large example's, or P11's too-many-tokens call, which gives a rank more
+    tokens with ``dataclasses.replace``) derive their routing from the seed; a row that does not fit is invalid."""
+    import dataclasses
+
+    example = Example((2, 1), hidden=128, num_topk=2, num_experts=4, seed=5, topk_idx=(((3, -1), (0, 1)), ((2, 3),)))
+    example.validate()
+    more = dataclasses.replace(example, tokens_per_rank=(4, 1))
+    more.validate()
+    derived = build_rank_inputs(dataclasses.replace(more, topk_idx=None), 0).topk_idx.tolist()
+    assert build_rank_inputs(more, 0).topk_idx.tolist() == [[3, -1], [0, 1], *derived[2:]]
+    for wrong in ((((3, 3), (0, 1)), ((2, 3),)), (((3, 4), (0, 1)), ((2, 3),)), (((3,), (0, 1)), ((2, 3),)),
+                  (((3, -1), (0, 1)), ((2, 3), (0, 1)))):  # an expert twice, past the experts, top-k, tokens
+        with pytest.raises(ValueError, match="topk_idx does not fit"):
+            dataclasses.replace(example, topk_idx=wrong).validate()
+
+
+def test_a_drawn_routing_shrinks_to_the_slots_a_failure_needs() -> None:
+    """What drawing the routing buys: Hypothesis shrinks the routing itself.  Asked for a token of rank 0 routed to
+    rank 1's experts, it shrinks to one token whose one slot to rank 1 is that rank's lowest expert, any other slot
+    on rank 0 (top-k does not always shrink to 1: that takes two changes at once): readable in the case's JSON."""
+    def crosses(e: Example) -> bool:
+        return e.topk_idx is not None and any(slot >= 0 and slot // e.experts_per_rank == 1
+                                              for row in e.topk_idx[0] for slot in row)
+
+    found = find(examples(2), crosses, settings=COVERAGE)
+    assert found.tokens_per_rank == (1, 0) and found.topk_idx is not None, found
+    (row,) = found.topk_idx[0]
+    assert [e for e in row if e >= found.experts_per_rank] == [found.experts_per_rank], found

@@ -31,13 +31,15 @@ class ExampleCase:
 
     def to_json(self) -> str:
         """One-line JSON (the example nested as an object)."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        fields = dataclasses.asdict(self)
+        fields["example"] = self.example.to_dict()
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> Any:
         """Inverse of :meth:`to_json`."""
         fields = json.loads(text)
-        fields["example"] = Example.from_json(json.dumps(fields["example"]))
+        fields["example"] = Example.from_dict(fields["example"])
         return cls(**fields)
 
     def validate(self) -> None:
@@ -239,7 +241,7 @@ class Step:
         if self.ref >= 0:
             out["ref"] = self.ref
         if self.example is not None:
-            out["example"] = dataclasses.asdict(self.example)
+            out["example"] = self.example.to_dict()
         if self.async_op:
             out["async_op"] = True
         if self.after >= 0:
@@ -253,7 +255,7 @@ class Step:
         """Inverse of :meth:`to_dict`."""
         fields = dict(fields)
         if fields.get("example") is not None:
-            fields["example"] = Example.from_json(json.dumps(fields["example"]))
+            fields["example"] = Example.from_dict(fields["example"])
         return cls(**fields)
 
     def describe(self, index: int) -> str:

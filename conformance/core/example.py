@@ -6,6 +6,12 @@ rank's inputs the same way to feed the oracle.  The extra inputs some properties
 second payload, upstream gradients) are derived here too, so that the ranks and the oracle build exactly
 the same tensors.  Everything comes from ``seed`` with a CPU ``torch.Generator``, so CPU and GPU worlds see
 identical bytes.
+
+The routing is data where it was drawn: ``topk_idx`` holds the top-k expert ids of every rank's first tokens as
+drawn (the strategies draw the first few hundred slots, every slot of a small example, so that Hypothesis shrinks the
+routing itself: fewer routed slots, lower expert ids); the other tokens, and every token of an example without
+``topk_idx``, derive their routing from ``routing``, ``mask_ratio`` and ``seed``.  Payloads and weights always come
+from ``seed``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ ALL_PAYLOADS = (*PAYLOADS, "wide")
 WIDE_MAX_ODD = 255
 WIDE_MAX_SHIFT = 5
 
+#: A drawn routing: per rank, per token, the ``num_topk`` expert ids (-1: a masked slot).
+TopkRows = tuple[tuple[tuple[int, ...], ...], ...]
+
 #: bf16 bit patterns that must survive dispatch byte for byte (quiet/signalling NaNs with payloads,
 #: -0.0, +-Inf, the smallest subnormals).
 SPECIAL_BF16_BITS = (0x7FC0, 0xFFC0, 0x7FC1, 0x7F81, 0xFF81, 0x8000, 0x7F80, 0xFF80, 0x0001, 0x8001)
@@ -42,11 +51,15 @@ class Example:
         num_topk: experts per token (slots, some may be masked with -1).
         num_experts: number of experts, a multiple of the world size.
         expert_alignment: per-expert receive counts are rounded up to this.
-        routing: one of :data:`ROUTINGS`.
-        mask_ratio: probability that a top-k slot is masked (-1).
+        routing: one of :data:`ROUTINGS` (with ``topk_idx``: the pattern it was drawn with).
+        mask_ratio: probability that a top-k slot is masked (-1) (with ``topk_idx``: the one it was drawn with).
         payload: one of :data:`PAYLOADS`.
-        seed: seed of every random choice.
+        seed: seed of every random choice (with ``topk_idx``: of the payloads and weights only).
         num_max_tokens_per_rank: the pinned V2 maximum (also the V2 source-index stride).
+        topk_idx: the routing as drawn, per rank, of its first tokens (all of them in a small example), ``num_topk``
+            expert ids per token (-1: masked, an expert at most once per token); the tokens past a rank's rows, and
+            all of them with ``None``, derive theirs from ``routing``, ``mask_ratio`` and ``seed``.  Change the shape
+            of an example that has one with :meth:`reshaped` (which refits it).
     """
 
     tokens_per_rank: tuple[int, ...]
@@ -59,6 +72,7 @@ class Example:
     payload: str = "random"
     seed: int = 0
     num_max_tokens_per_rank: int = 128
+    topk_idx: TopkRows | None = None
 
     @property
     def world_size(self) -> int:
@@ -70,16 +84,44 @@ class Example:
         """Local experts per rank."""
         return self.num_experts // self.world_size
 
+    def to_dict(self) -> dict:
+        """The fields as plain data (``topk_idx`` only when drawn: a derived routing's JSON is as it always was)."""
+        fields = dataclasses.asdict(self)
+        if self.topk_idx is None:
+            del fields["topk_idx"]
+        return fields
+
     def to_json(self) -> str:
         """A one-line JSON form, used in reproduction commands."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> Example:
+        """Inverse of :meth:`to_dict`."""
+        fields = dict(fields)
+        fields["tokens_per_rank"] = tuple(fields["tokens_per_rank"])
+        if fields.get("topk_idx") is not None:
+            fields["topk_idx"] = tuple(tuple(tuple(row) for row in rows) for rows in fields["topk_idx"])
+        return cls(**fields)
 
     @classmethod
     def from_json(cls, text: str) -> Example:
         """Inverse of :meth:`to_json`."""
-        fields = json.loads(text)
-        fields["tokens_per_rank"] = tuple(fields["tokens_per_rank"])
-        return cls(**fields)
+        return cls.from_dict(json.loads(text))
+
+    def reshaped(self, **changes: object) -> Example:
+        """``self`` with ``changes`` to its shape (``tokens_per_rank`` of the same world, ``num_topk``, ``num_experts``,
+        ``hidden``, ...), a drawn routing refitted to it deterministically: each token keeps its routed ranks (an
+        expert moves to the same local index, modulo the new experts per rank, on its rank), the tokens past a
+        rank's new count are dropped, an expert repeated by the move becomes -1, a row is cut to its first slots or
+        filled from the derived routing's (:func:`fit_topk_idx`)."""
+        changed = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+        if self.topk_idx is None:
+            return changed
+        old, new = self.experts_per_rank, changed.experts_per_rank
+        moved = tuple(tuple(tuple(e if e < 0 else (e // old) * new + (e % old) % new for e in row) for row in rows)
+                      for rows in self.topk_idx)
+        return dataclasses.replace(changed, topk_idx=fit_topk_idx(dataclasses.replace(changed, topk_idx=moved)))
 
     def validate(self) -> None:
         """Raise ``ValueError`` if the description is not a valid example."""
@@ -91,6 +133,10 @@ class Example:
             raise ValueError(f"tokens_per_rank={self.tokens_per_rank} exceed num_max_tokens_per_rank")
         if self.routing not in ROUTINGS or self.payload not in ALL_PAYLOADS:
             raise ValueError(f"unknown routing {self.routing!r} or payload {self.payload!r}")
+        if self.topk_idx is not None and not _fits(self, self.topk_idx):
+            raise ValueError(f"topk_idx does not fit tokens_per_rank={self.tokens_per_rank}, num_topk={self.num_topk}, "
+                             f"num_experts={self.num_experts} (expert ids in -1..num_experts-1, each at most once "
+                             f"per token): {self.topk_idx}")
 
 
 @dataclass
@@ -112,7 +158,57 @@ def _generator(example: Example, rank: int, stream: int) -> torch.Generator:
     return gen
 
 
+def _fits_row(row: tuple[int, ...], k: int, num_experts: int) -> bool:
+    live = [e for e in row if e >= 0]
+    return len(row) == k and all(-1 <= e < num_experts for e in row) and len(live) == len(set(live))
+
+
+def _fits(example: Example, topk_idx: TopkRows) -> bool:
+    """Whether ``topk_idx`` is a routing of ``example``'s shape (of at most each rank's tokens)."""
+    return len(topk_idx) == example.world_size and all(
+        len(rows) <= n and all(_fits_row(row, example.num_topk, example.num_experts) for row in rows)
+        for rows, n in zip(topk_idx, example.tokens_per_rank, strict=True))
+
+
+def fit_topk_idx(example: Example) -> TopkRows:
+    """``example.topk_idx`` fitted to ``example``'s shape (itself when it fits): a rank's rows past its tokens are
+    dropped, an expert id past the experts wraps around (modulo ``num_experts``), a repeated one becomes -1, a row
+    is cut to ``num_topk`` slots or filled from the derived routing's row of the same token (its slots that are
+    masked or not in the row yet).  (What :meth:`Example.reshaped` and an example changed with
+    ``dataclasses.replace`` route.)"""
+    assert example.topk_idx is not None
+    if _fits(example, example.topk_idx):
+        return example.topk_idx
+    k, num_experts = example.num_topk, example.num_experts
+    fitted = []
+    for rank, n in enumerate(example.tokens_per_rank):
+        drawn = example.topk_idx[rank] if rank < len(example.topk_idx) else ()
+        derived = _derived_routing(example, rank).tolist()
+        rows = []
+        for t in range(min(n, len(drawn))):
+            row: list[int] = []
+            for e in drawn[t][:k]:
+                e = e % num_experts if e >= 0 else -1
+                row.append(-1 if e in row and e >= 0 else e)
+            row += [e for e in derived[t] if e < 0 or e not in row][: k - len(row)]
+            rows.append(tuple(row))
+        fitted.append(tuple(rows))
+    return tuple(fitted)
+
+
 def _routing(example: Example, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s ``topk_idx``: the drawn rows (fitted to the example's shape), then the derived ones."""
+    if example.topk_idx is None:
+        return _derived_routing(example, rank)
+    rows = fit_topk_idx(example)[rank]
+    drawn = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), example.num_topk)
+    if len(rows) == example.tokens_per_rank[rank]:
+        return drawn
+    return torch.cat([drawn, _derived_routing(example, rank)[len(rows):]])
+
+
+def _derived_routing(example: Example, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s ``topk_idx`` from ``routing``, ``mask_ratio`` and ``seed``."""
     num_tokens, k, num_experts = example.tokens_per_rank[rank], example.num_topk, example.num_experts
     gen = _generator(example, rank, 1)
     if example.routing == "random":

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, seed, settings
-from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis import HealthCheck, example, given, settings
 
 from conformance.harness.faults import BudgetExhausted, KnownDefectStop, describe_cause
+from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
 from conformance.properties import NotApplicable, Property
 from conformance.world.errors import RankFailure
 
@@ -99,26 +99,20 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         return
 
     # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
-    # which every property shares here).
-    check_one._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-        f"{property_id}|world={config.world_size}|mutant={session.mutant}".encode())
-    database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
+    # which every property shares here): the property's view of the report directory's database.
+    database = example_database(config.database_dir, property_key(property_id, config.world_size, session.mutant))
     # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
     # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
     started = time.monotonic()
     drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
                        database=database, report_multiple_bugs=False)
     strategy, explicit = shaped(prop, config)
-    body = drawing(given(case=strategy)(check_one))
-
+    body = given(case=strategy)(check_one)
     for case in reversed(explicit):
         body = example(case=case)(body)
-    if config.seed is not None:
-        body = seed(config.seed)(body)
-        # ``@seed`` switches the database off (for exact reproduction); the stored counterexamples must still be
-        # replayed first, and the seeded draws follow them unchanged.
-        body._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
-            body._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
+    # seeded (--conformance-seed) with the database still on: the stored counterexamples are replayed first, the
+    # seeded draws follow them unchanged (conformance.harness.hypothesis_glue)
+    body = seeded(body, drawing, config.seed)
 
     if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
         from conformance.harness.stateful import stateful_test
@@ -128,10 +122,7 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         body()
         if prop.stateful is None:
             for round_seed in _more_rounds(config, started):
-                more = seed(round_seed)(given(case=strategy)(check_one))
-                more._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
-                    drawing, database=database, phases=(Phase.generate, Phase.shrink))  # new draws only
-                more()
+                seeded(given(case=strategy)(check_one), new_draws_only(drawing), round_seed)()  # new draws only
     except BudgetExhausted as exhausted:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause

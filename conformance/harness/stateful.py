@@ -14,9 +14,8 @@ import time
 from typing import Any
 
 from hypothesis import settings
-from hypothesis.database import DirectoryBasedExampleDatabase
-from hypothesis.stateful import get_state_machine_test
 
+from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
 from conformance.properties import Property
 from conformance.strategies import vocabulary
 from conformance.world.errors import RankFailure, RankRaised
@@ -76,18 +75,11 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         session.progress(prop.id, recorder.examples)
 
     machine = stateful.machine(config.world_size, run_step, end)
-    database = DirectoryBasedExampleDatabase(config.database_dir) if config.database_dir else None
-    if config.seed is not None:
-        machine._hypothesis_internal_use_seed = config.seed  # type: ignore[attr-defined]
+    # One database key per property, world size and mutant (as the other properties); seeded with the database on.
+    database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant))
     run = settings(max_examples=sequences_for(config.max_examples), stateful_step_count=STEPS_PER_SEQUENCE,
                    deadline=None, suppress_health_check=suppressed, database=database)
-    test = get_state_machine_test(machine, settings=run)
-    # One database key per property, world size and mutant (as the other properties).
-    test.hypothesis.inner_test._hypothesis_internal_add_digest = (  # type: ignore[attr-defined]
-        f"{prop.id}|world={config.world_size}|mutant={session.mutant}".encode())
-    if config.seed is not None:  # ``@seed`` switches the database off; stored counterexamples still come first
-        test._hypothesis_internal_use_settings = settings(  # type: ignore[attr-defined]
-            test._hypothesis_internal_use_settings, database=database)  # type: ignore[attr-defined]
+    test = machine_test(machine, run, config.seed)
     explicit = prop.explicit(config.shape) if prop.explicit else []
     chosen = vocabulary.active()  # the run's shape vocabulary (set by the driver): the explicit sequences on it too
     if chosen is not None:

@@ -84,11 +84,9 @@ def sweep_shaped(draw: st.DrawFn, world_size: int) -> Example:
     drawn."""
     base = draw(st.sampled_from(sweep_examples(world_size)), label="sweep shape")
     drawn = draw(small_examples(world_size), label="example")
-    return dataclasses.replace(drawn, hidden=base.hidden, num_topk=base.num_topk, num_experts=base.num_experts,
-                               expert_alignment=base.expert_alignment,
-                               num_max_tokens_per_rank=base.num_max_tokens_per_rank,
-                               tokens_per_rank=tuple(min(t, base.num_max_tokens_per_rank)
-                                                     for t in drawn.tokens_per_rank))
+    return drawn.reshaped(hidden=base.hidden, num_topk=base.num_topk, num_experts=base.num_experts,
+                          expert_alignment=base.expert_alignment, num_max_tokens_per_rank=base.num_max_tokens_per_rank,
+                          tokens_per_rank=tuple(min(t, base.num_max_tokens_per_rank) for t in drawn.tokens_per_rank))
 
 
 def bad_call_sweep(world: Any) -> list[BadCallCase]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from conformance.core.example import Example
-from conformance.strategies import MAX_TOKENS_PER_RANK, examples
+from conformance.strategies import MAX_TOKENS_PER_RANK, examples, routing_values, with_drawn_routing
 
 #: Small hidden sizes (dispatch only; V2 dispatch accepts 128, only its combine does not).
 LAYOUT_HIDDEN_SIZES = (128, 256)
@@ -24,6 +24,7 @@ AIMED_ALIGNMENTS = (1, 16, 128)
 def aimed_alignment_examples(draw: st.DrawFn, world_size: int) -> Example:
     """Examples whose expert 0 (on rank 0) receives ``m * alignment - 1``, ``m * alignment`` or
     ``m * alignment + 1`` tokens, for alignment 1, 16 or 128."""
+    slots = draw(routing_values(), label="routing slots")
     alignment = draw(st.sampled_from(AIMED_ALIGNMENTS), label="expert_alignment")
     capacity = max(MAX_TOKENS_PER_RANK) * world_size
     max_multiple = max(1, min(3, (capacity - 1) // alignment))
@@ -48,7 +49,7 @@ def aimed_alignment_examples(draw: st.DrawFn, world_size: int) -> Example:
         num_max_tokens_per_rank=num_max,
     )
     example.validate()
-    return example
+    return with_drawn_routing(example, slots)
 
 
 def layout_examples(world_size: int) -> st.SearchStrategy[Example]:

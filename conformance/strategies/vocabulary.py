@@ -6,9 +6,10 @@ dispatch.hpp`` and ``combine.hpp``: ``num_hidden_bytes``, ``num_max_tokens_per_r
 nearly every example is a new shape, and a run on the real library spends most of its time in NVCC.  On a backend
 that compiles per shape (the real V2, or a plug-in / class backend over it), every example is therefore *snapped* to
 one of a few shapes: its routing, payloads, token counts, masks, options and everything else stay as drawn (and
-shrink as before); only the template arguments are taken from the vocabulary shape that matches its alignment (each
-shape has its own alignment, so the alignment draws still pick among the four, and the aimed counts of the layout
-strategies keep their aim: every shape's pinned maximum holds the tokens they aim at).
+shrink as before; a drawn routing is refitted: each token keeps its routed ranks); only the template arguments are
+taken from the vocabulary shape that matches its alignment (each shape has its own alignment, so the alignment
+draws still pick among the four, and the aimed counts of the layout strategies keep their aim: every shape's pinned
+maximum holds the tokens they aim at).
 
 The shapes were chosen to reach the library's code paths (the JIT template arguments): top-1 to top-8, one to
 eight local experts, alignments 1, 2, 16 and 128, hidden from 256 to the production 7168 with top-8 of 16 experts,
@@ -99,12 +100,13 @@ def active() -> Vocabulary | None:
 
 
 def snap_example(example: Example, shape: Shape) -> Example:
-    """``example`` with ``shape``'s template arguments; tokens clamped to its pinned maximum, top-k to its experts."""
+    """``example`` with ``shape``'s template arguments; tokens clamped to its pinned maximum, top-k to its experts; a
+    drawn routing refitted to the shape (``Example.reshaped``: each token keeps its routed ranks, deterministically)."""
     num_experts = shape.experts_per_rank * example.world_size
     tokens = tuple(min(t, shape.num_max_tokens_per_rank) for t in example.tokens_per_rank)
-    return dataclasses.replace(example, hidden=shape.hidden, num_topk=min(shape.num_topk, num_experts),
-                               num_experts=num_experts, expert_alignment=shape.expert_alignment,
-                               num_max_tokens_per_rank=shape.num_max_tokens_per_rank, tokens_per_rank=tokens)
+    return example.reshaped(hidden=shape.hidden, num_topk=min(shape.num_topk, num_experts), num_experts=num_experts,
+                            expert_alignment=shape.expert_alignment,
+                            num_max_tokens_per_rank=shape.num_max_tokens_per_rank, tokens_per_rank=tokens)
 
 
 def _nearest(value: int, choices: tuple[int, ...]) -> int:
