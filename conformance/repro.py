@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutant", default=None)
     parser.add_argument("--deep-ep", default=None, choices=DEEP_EP_MODES)
     parser.add_argument("--rank-setup", default="isolated", choices=RANK_SETUPS)
+    parser.add_argument("--shapes", default="free", help="the run's shape vocabulary (a report's line names it); the "
+                                                          "case is replayed as given, already on its shapes")
     args = parser.parse_args(argv)
     try:
         example = properties[args.property].case_type.from_json(args.example)

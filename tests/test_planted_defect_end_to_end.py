@@ -82,3 +82,14 @@ def test_a_rank_dying_mid_example_is_a_clear_failure_and_the_world_recovers(emul
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert replay.returncode == 1 and "crashed (process died) on rank(s) [1]" in replay.stdout, replay.stdout
+
+
+def test_a_repro_line_naming_the_shape_vocabulary_replays() -> None:
+    """A run on the jit vocabulary writes ``--shapes jit`` into its repro lines; repro takes it (the case is replayed
+    as given, already on its shapes)."""
+    case = ('{"tokens_per_rank":[1,1],"hidden":256,"num_topk":1,"num_experts":2,"expert_alignment":1,'
+            '"routing":"random","mask_ratio":0.0,"payload":"integers","seed":0,"num_max_tokens_per_rank":16}')
+    replay = subprocess.run([sys.executable, "-m", "conformance.repro", "P2-counts", case, "--backends", "emulated",
+                             "--device", "cpu", "--shapes", "jit"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert replay.returncode == 0 and "PASSED P2-counts" in replay.stdout, replay.stdout + replay.stderr
