@@ -6,9 +6,16 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
+from filelock import FileLock
+
+from tests.runs import report_of, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,3 +65,86 @@ def two_node_session():
     session = Session(RunConfig(WorldShape(2, 2), tuple(parse_backends("emulated", False)), "cpu", 120.0))
     yield session
     session.close()
+
+
+@dataclass(frozen=True)
+class CatalogRun:
+    """One pytest run of the whole catalog on the emulation, as a user makes it (no process left behind)."""
+
+    proc: subprocess.CompletedProcess
+    took: float
+    report_dir: Path
+
+    @property
+    def report(self) -> dict:
+        return report_of(self.report_dir)
+
+
+#: The whole-catalog runs several self-tests read (API coverage, the serial and the xdist paths, partial runs, the
+#: option spellings), by world: one node where pytest-xdist is not installed (no plug-in autoloads, ``import
+#: xdist`` fails: :data:`NO_XDIST`; only the suite's and Hypothesis' plug-ins named), two nodes with ``-n 2``;
+#: 3 examples per property, seed 0.
+CATALOG_RUNS = {1: ["-p", "conformance.plugin", "-p", "hypothesis.extra.pytestplugin", "--nodes", "1"],
+                2: ["-n", "2", "--nodes", "2"]}
+#: A ``sitecustomize`` that makes ``import xdist`` fail, as where the package is not installed.
+NO_XDIST = ("import sys\nclass _NoXdist:\n    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'xdist' or name.startswith('xdist.'):\n"
+            "            raise ModuleNotFoundError(\"No module named 'xdist'\", name=name)\n"
+            "sys.meta_path.insert(0, _NoXdist())\n")
+
+
+def without_xdist(folder: Path) -> dict[str, str]:
+    """The environment of a pytest run as where pytest-xdist is not installed (:data:`NO_XDIST` in ``folder``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(NO_XDIST)
+    return {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": f"{folder}:{ROOT}"}
+#: What else the catalog runs are given (a test comparing another run with one of them gives these too).
+CATALOG_RUN_OPTIONS = ["--max-examples", "3", "--conformance-seed", "0", "--backends", "emulated"]
+
+
+def once_per_session(tmp_path_factory: pytest.TempPathFactory, worker_id: str, key: str,
+                     make: Callable[[Path], Any]) -> Any:
+    """``make(folder)``'s JSON-able result, made once per self-test session whatever xdist does: under xdist the
+    first worker that asks makes it and the others read it (pytest-xdist's recipe: a file lock in the session's
+    shared temporary folder), so a costly run is never repeated because its readers landed on several workers or
+    a worker tore a module fixture down between them."""
+    if worker_id == "master":  # no xdist: this process is the session
+        return make(tmp_path_factory.mktemp(key))
+    shared = tmp_path_factory.getbasetemp().parent  # one per session, shared by its workers
+    done = shared / f"{key}.json"
+    with FileLock(str(done) + ".lock"):
+        if not done.exists():
+            done.write_text(json.dumps(make(shared / key)))
+    return json.loads(done.read_text())
+
+
+def completed(proc: subprocess.CompletedProcess) -> dict[str, Any]:
+    """``proc`` as JSON (:func:`once_per_session`); :func:`process` reads it back."""
+    return {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+
+def process(data: dict[str, Any]) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(data["args"], data["returncode"], data["stdout"], data["stderr"])
+
+
+@pytest.fixture(scope="session")
+def catalog_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[int, CatalogRun]:
+    """The catalog on the emulation, run once per self-test session (the two worlds side by side) for every
+    self-test that needs a complete run."""
+    def make(root: Path) -> dict[int, Any]:
+        return {nodes: {"proc": completed(run.proc), "took": run.took, "report_dir": str(run.report_dir)}
+                for nodes, run in _catalog_runs(root).items()}
+
+    return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"]))
+            for nodes, r in once_per_session(tmp_path_factory, worker_id, "catalog-runs", make).items()}
+
+
+def _catalog_runs(root: Path) -> dict[int, CatalogRun]:
+    def run(nodes: int) -> CatalogRun:
+        report_dir = root / f"nodes{nodes}"
+        proc, took = run_pytest([*CATALOG_RUNS[nodes], *CATALOG_RUN_OPTIONS, "-q", f"--report-dir={report_dir}"],
+                                env=without_xdist(root / "no-xdist") if nodes == 1 else None)
+        return CatalogRun(proc, took, report_dir)
+
+    with ThreadPoolExecutor(len(CATALOG_RUNS)) as pool:
+        return dict(zip(CATALOG_RUNS, pool.map(run, CATALOG_RUNS), strict=True))

@@ -8,6 +8,9 @@ from conformance.core.probe import probe_module
 from conformance.core.spec import BackendSpec, parse_backends
 from conformance.world.launcher import World, WorldShape
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_adapters")
+
 
 @pytest.fixture(scope="module")
 def world():

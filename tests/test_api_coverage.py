@@ -3,7 +3,8 @@ measured from the calls the properties make, or excluded with a reason in confor
 
 The catalog runs on the emulation (CPU) on a 1-node and a 2-node world at once (some calls happen only on one of
 them: V1 internode forwarding on two nodes, V1 ``num_worst_tokens`` on one), as two pytest runs of the suite, with a
-small budget and a fixed seed (the measurement is deterministic for a given checkout).  Their reports carry each
+small budget and a fixed seed (the measurement is deterministic for a given checkout): the session's whole-catalog
+runs (``catalog_runs`` in tests/conftest.py), which other self-tests read too.  Their reports carry each
 property's calls (``api_calls``); ``conformance.core.api_coverage`` judges the union against the snapshot and the
 exclusions.  The meta-tests below show the judgement fails on an item the surface gains, on a keyword the
 properties stop giving, on a stale, unknown or malformed exclusion, and that the tracing rule is the documented one.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import types
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +32,17 @@ from conformance.core.api_coverage import (
     table,
 )
 from conformance.core.api_surface import load_snapshot
-from tests.conftest import run_suite
-
-#: Hypothesis examples per property in the measuring runs, and their seed.
-BUDGET = 3
-SEED = 0
-#: The worlds the catalog runs on (nodes; 2 ranks per node).
-WORLDS = (1, 2)
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The reports of the catalog on a 1-node and a 2-node world of the emulation (run side by side)."""
-    root = tmp_path_factory.mktemp("coverage")
-
-    def run(nodes: int) -> tuple[Any, dict[str, Any]]:
-        return run_suite(["--nodes", str(nodes), "--max-examples", str(BUDGET), "--conformance-seed", str(SEED),
-                          "--backends", "emulated"], root / f"nodes{nodes}", timeout=600)
-
-    with ThreadPoolExecutor(len(WORLDS)) as pool:
-        runs = list(pool.map(run, WORLDS))
-    for nodes, (proc, report) in zip(WORLDS, runs, strict=True):
-        assert proc.returncode == 0 and report.get("complete"), (
+def reports(catalog_runs: dict[int, Any]) -> list[dict[str, Any]]:
+    """The reports of the catalog on a 1-node and a 2-node world of the emulation (run side by side, once per
+    session: ``catalog_runs``)."""
+    for nodes, run in catalog_runs.items():
+        assert run.proc.returncode == 0 and run.report.get("complete"), (
             f"the catalog did not pass completely on {nodes} node(s), so its coverage is not measured:\n"
-            + proc.stdout[-3000:] + proc.stderr[-2000:])
-    return [report for _, report in runs]
+            + run.proc.stdout[-3000:] + run.proc.stderr[-2000:])
+    return [run.report for run in catalog_runs.values()]
 
 
 @pytest.fixture(scope="module")

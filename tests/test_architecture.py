@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_architecture")
+
 ROOT = Path(__file__).resolve().parents[1] / "conformance"
 
 #: (layer, module prefixes), lowest first.  The longest matching prefix decides a module's layer.

@@ -11,15 +11,15 @@ from tests.conftest import run_suite
 from tests.raising_plugins import MESSAGE
 
 WRAPPER = "tests.raising_plugins:AlwaysRaises"
-PROPERTIES = ("P1-per-expert-payloads", "P2-counts", "P5-combine", "P7-cached-dispatch", "P9-gradients",
-              "P10-events")
+#: One property per kind of call the wrapper makes: dispatch, cached dispatch (and combine), autograd.
+PROPERTIES = ("P1-per-expert-payloads", "P7-cached-dispatch", "P9-gradients")
 
 
 def test_a_wrapper_that_always_raises_fails_in_seconds_and_the_raw_api_beside_it_is_checked(tmp_path: Path) -> None:
     started = time.monotonic()
     proc, report = run_suite(["-p", "no:xdist", "--backends", f"{WRAPPER},emulated-v1", "--deep-ep", "emulation",
                               "--device", "cpu", "--max-examples", "5", "--max-restarts", "0", "-k",
-                              "p01 or p02 or p05 or p07 or p09 or p10"], tmp_path / "reports", timeout=300)
+                              "p01 or p07 or p09"], tmp_path / "reports", timeout=300)
     wall = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     by_id = {p["id"]: p for p in report["properties"]}
@@ -30,5 +30,5 @@ def test_a_wrapper_that_always_raises_fails_in_seconds_and_the_raw_api_beside_it
         assert "budget" not in wrapper["reason"], (pid, wrapper["reason"])  # no restart was charged (max 0)
         # the raw API beside it: checked on every example the wrapper failed, and it held
         assert raw["status"] == "passed" and raw["held"] == raw["checked"] >= wrapper["checked"] > 0, (pid, raw)
-    # six properties, each shrinking its failure: seconds, not minutes (about 15 s here, most of it pytest's start)
-    assert wall < 90, f"{wall:.0f} s"
+    # three properties, each shrinking its failure: seconds, not minutes (about 15 s here, most of it pytest's start)
+    assert wall < 60, f"{wall:.0f} s"

@@ -24,6 +24,9 @@ import torch.distributed as dist
 from conformance.world.launcher import World, WorldShape
 from tests import replay
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_emulation_fidelity")
+
 WORLD_SIZE = 2
 TIMEOUT_S = 120
 CASES = replay.recorded_case_names()

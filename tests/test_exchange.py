@@ -8,6 +8,9 @@ import pytest
 from conformance.emulation._comm import EAGER_BYTES
 from conformance.world.launcher import World, WorldShape
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_exchange")
+
 HIDDEN = 64  # bf16 row: 128 bytes, plus 4 fp8, 3 bool and 8 int64 bytes
 ROW_BYTES = HIDDEN * 2 + 4 + 3 + 8
 

@@ -6,8 +6,8 @@ and that no process is left behind.  The times are printed (``-s``) for the clos
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,75 +17,13 @@ from pathlib import Path
 import pytest
 
 from conformance.harness.options import Machine, SetupError, build_run_config
-from tests.conftest import ROOT
+from conformance.properties import catalog
+from tests.conftest import CATALOG_RUN_OPTIONS, ROOT
+from tests.runs import RUN_TAG, assert_group_gone, tagged
+from tests.runs import report_of as _report
+from tests.runs import run_pytest as _pytest
 
-
-def _catalog_size() -> int:
-    from conformance.properties import catalog
-
-    return len(catalog())
-
-
-PROPERTIES = _catalog_size()
-
-
-#: Every process a run under test starts inherits this variable (its value: the run's tag), node agents and ranks
-#: too, which live in their own session: the check below finds them wherever they are.
-RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
-
-
-def _pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,
-            ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run pytest in its own process group; fail if any process it started outlives it."""
-    env = tagged({**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    took = time.monotonic() - started
-    assert_group_gone(proc.pid, env[RUN_TAG])
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
-
-
-def tagged(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with a fresh run tag (see :func:`assert_group_gone`)."""
-    return {**env, RUN_TAG: f"{os.getpid()}-{time.monotonic_ns()}"}
-
-
-def _tagged_pids(tag: str) -> list[str]:
-    needle = f"{RUN_TAG}={tag}".encode()
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(pid)
-        except OSError:
-            continue
-    return pids
-
-
-def assert_group_gone(pgid: int, tag: str, grace_s: float = 5.0) -> None:
-    """No process of the run is alive: of process group ``pgid`` (pytest, its xdist workers) or carrying its tag
-    (node agents and ranks, in their own session)."""
-    deadline = time.monotonic() + grace_s
-    while True:
-        out = subprocess.run(["ps", "-eo", "pid=,pgid=,stat=,args="], capture_output=True, text=True).stdout
-        rows = [line.split(None, 3) for line in out.splitlines() if line.strip()]
-        mine = set(_tagged_pids(tag))
-        left = [" ".join(row) for row in rows if (row[1] == str(pgid) or row[0] in mine) and not row[2].startswith("Z")]
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert not left, "processes of the run outlived it:\n" + "\n".join(left)
-
-
-def _report(report_dir: Path, name: str = "conformance.json") -> dict:
-    return json.loads((report_dir / name).read_text())
+PROPERTIES = len(catalog())
 
 
 # ------------------------------------------------------------------------------------ a broken library
@@ -248,46 +186,26 @@ def test_installed_plugin_is_a_guest_in_an_unrelated_run(tmp_path: Path) -> None
     assert not any(f.startswith("reports") or f.endswith(".xml") for f in runs["with"][0])
 
 
-def test_suite_runs_without_xdist(tmp_path: Path) -> None:
-    """``-p no:xdist``: the whole suite, serially, same results."""
-    reports = tmp_path / "reports"
-    proc, took = _pytest(["-p", "no:xdist", "-q", "--max-examples", "3", f"--report-dir={reports}"])
-    print(f"-p no:xdist --max-examples 3: exit {proc.returncode} in {took:.1f} s")
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    report = _report(reports)
+def test_suite_runs_where_xdist_is_not_installed(catalog_runs) -> None:
+    """As without the package: no entry points are loaded and ``import xdist`` fails; only the suite's plugin and
+    Hypothesis' are named; the whole catalog runs serially, complete (the session's one-node catalog run; CI also
+    uninstalls pytest-xdist for real and runs the main job)."""
+    run = catalog_runs[1]
+    print(f"without xdist --max-examples 3: exit {run.proc.returncode} in {run.took:.1f} s")
+    assert run.proc.returncode == 0, run.proc.stdout[-3000:] + run.proc.stderr[-2000:]
+    report = run.report
     assert report["complete"] and report["summary"]["total"] == PROPERTIES and report["summary"]["failed"] == 0
-
-
-def test_suite_runs_where_xdist_is_not_installed(tmp_path: Path) -> None:
-    """As without the package: no entry points are loaded and ``import xdist`` fails; only the suite's plugin
-    and Hypothesis' are named.  (CI also uninstalls pytest-xdist for real and runs the main job.)"""
-    blocker = tmp_path / "site"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\nclass _NoXdist:\n    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'xdist' or name.startswith('xdist.'):\n"
-        "            raise ModuleNotFoundError(\"No module named 'xdist'\", name=name)\n"
-        "sys.meta_path.insert(0, _NoXdist())\n")
-    reports = tmp_path / "reports"
-    proc, took = _pytest(["-p", "conformance.plugin", "-p", "hypothesis.extra.pytestplugin", "-q", "--max-examples",
-                          "3", f"--report-dir={reports}"],
-                         env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": f"{blocker}:{ROOT}"})
-    print(f"without xdist --max-examples 3: exit {proc.returncode} in {took:.1f} s")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert _report(reports)["summary"]["passed"] + _report(reports)["summary"]["divergence"] >= 1
+    assert report["summary"]["passed"] + report["summary"]["divergence"] >= 1
 
 
 # ------------------------------------------------------------------------------------ option spellings
 
 
-def test_options_mean_the_same_in_both_spellings(tmp_path: Path) -> None:
+def test_options_mean_the_same_in_both_spellings(tmp_path: Path, catalog_runs) -> None:
     """``--baseline PATH --report-dir DIR`` (the value after a space, outside the checkout) collects exactly the
-    properties, like the ``=`` spelling."""
-    outside = tmp_path / "old"
-    outside.mkdir()
-    good, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={outside}", "-q"])
-    assert good.returncode == 0, good.stdout[-2000:]
-    baseline = outside / "conformance.json"
+    properties, like the ``=`` spelling.  The baseline: the session's one-node catalog run (outside the checkout)."""
+    assert catalog_runs[1].proc.returncode == 0, catalog_runs[1].proc.stdout[-2000:]
+    baseline = catalog_runs[1].report_dir / "conformance.json"
     collected = {}
     for spelling, args in (("space", ["--baseline", str(baseline), "--report-dir", str(tmp_path / "a")]),
                            ("equals", [f"--baseline={baseline}", f"--report-dir={tmp_path / 'b'}"])):
@@ -296,18 +214,19 @@ def test_options_mean_the_same_in_both_spellings(tmp_path: Path) -> None:
         collected[spelling] = sorted(line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line)
         print(f"{spelling}: {len(collected[spelling])} tests collected in {took:.1f} s")
     assert collected["space"] == collected["equals"] and len(collected["space"]) == PROPERTIES
-    proc, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", "--baseline", str(baseline), "--report-dir",
-                       str(tmp_path / "c"), "-q"])
+    # the space spelling on a run of the baseline's own options (seed included): the gate finds nothing changed
+    proc, _ = _pytest(["-p", "no:xdist", "--nodes", "1", *CATALOG_RUN_OPTIONS, "--baseline", str(baseline),
+                       "--report-dir", str(tmp_path / "c"), "-q"])
     assert proc.returncode == 0 and f"{PROPERTIES - 1} passed, 1 skipped" in proc.stdout, proc.stdout[-2000:]
 
 
 # ------------------------------------------------------------------------------------ partial runs
 
 
-def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: Path) -> None:
+def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: Path, catalog_runs) -> None:
     reports = tmp_path / "reports"
-    full, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={reports}", "-q"])
-    assert full.returncode == 0 and _report(reports)["complete"], full.stdout[-2000:]
+    shutil.copytree(catalog_runs[1].report_dir, reports)  # a complete run's report folder
+    assert catalog_runs[1].proc.returncode == 0 and _report(reports)["complete"], catalog_runs[1].proc.stdout[-2000:]
     subset, _ = _pytest(["-p", "no:xdist", "--max-examples", "2", f"--report-dir={reports}", "-q", "-k",
                          "test_per_expert_payloads or test_counts"])
     assert subset.returncode == 0, subset.stdout[-2000:]
@@ -322,6 +241,11 @@ def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: 
     assert gate.returncode == pytest.ExitCode.USAGE_ERROR and "is a partial run" in gate.stderr, gate.stderr
 
 
+#: What the interrupted runs select: a quick property first, then two that run for a minute at 200 examples.
+INTERRUPTED = [f"conformance/properties/{name}.py" for name in ("test_p14_api_surface", "test_p01_payloads",
+                                                                 "test_p05_combine")]
+
+
 @pytest.mark.parametrize("how", ["SIGINT to the group (Ctrl-C)", "SIGTERM to the group (timeout)",
                                  "SIGTERM to pytest only (kill PID)"])
 def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path, how: str) -> None:
@@ -329,8 +253,9 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
     run, and leaves no worker or rank process behind."""
     reports = tmp_path / "reports"
     env = tagged({**os.environ, "PYTHONPATH": str(ROOT)})
+    # P14 finishes in seconds; P1 and P5 then have 200 examples to run: the signal comes while examples run
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--nodes", "2", f"--report-dir={reports}",
-                             "--max-examples", "200", "-v"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             "--max-examples", "200", "-v", *INTERRUPTED], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
     deadline = time.monotonic() + 300
@@ -359,3 +284,4 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
     report = _report(reports)
     assert report["complete"] is False and report["incomplete_reason"].startswith("the run was interrupted")
     assert report["not_run"] and len(report["not_run"]) < PROPERTIES, report["not_run"]
+    assert {"P1-per-expert-payloads", "P5-combine"} & set(report["not_run"]), report["not_run"]  # cut mid-run

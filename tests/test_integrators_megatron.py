@@ -63,7 +63,7 @@ def entry_point_dir(tmp_path: Path) -> str:
 def test_megatron_fused_a2a_as_a_plugin_on_the_emulation(tmp_path: Path) -> None:
     path = (*megatron_path(), entry_point_dir(tmp_path))
     proc, report = run_suite(["-p", "no:xdist", "--backends", f"emulated-v1,{PLAIN},{NAME},emulated-v2", "--deep-ep",
-                              "auto", "--device", "cpu", "--max-examples", "10", "--conformance-seed", "7"],
+                              "auto", "--device", "cpu", "--max-examples", "5", "--conformance-seed", "7"],
                              tmp_path / "reports", timeout=600, extra_path=path)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]  # the plain wrapper's finding
     guard = "its guard 'from deep_ep.utils import EventHandle, EventOverlap' fails"

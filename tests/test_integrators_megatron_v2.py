@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conformance.integrations import MEGATRON_CAPABILITIES
-from tests.conftest import ROOT, run_suite
+from tests.conftest import ROOT, completed, once_per_session, process, run_suite
 from tests.expectations import expected_for
 from tests.installs import patched_install, target_install
 from tests.test_integrators_megatron import PINNED, entry_point_dir
@@ -64,12 +64,18 @@ def entry_points(tmp_path: Path) -> str:
     return str(tmp_path / "ep")
 
 
-@pytest.fixture(scope="module")
-def both_paths(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, dict]:
-    tmp = tmp_path_factory.mktemp("megatron-v2")
-    return run_suite(["-p", "no:xdist", "--nodes", "1", "--backends", BACKENDS, "--deep-ep", "emulation",
-                      "--device", "cpu", "--max-examples", "10", "--conformance-seed", "7"],
-                     tmp / "reports", timeout=900, extra_path=(seed_pr_megatron(), entry_points(tmp)))
+@pytest.fixture(scope="session")
+def both_paths(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tuple[object, dict]:
+    """The catalog on both paths of the seed PR's Megatron beside the raw emulated APIs: one run per session."""
+    def make(tmp: Path) -> dict:
+        tmp.mkdir(parents=True, exist_ok=True)
+        proc, report = run_suite(["-p", "no:xdist", "--nodes", "1", "--backends", BACKENDS, "--deep-ep", "emulation",
+                                  "--device", "cpu", "--max-examples", "5", "--conformance-seed", "7"],
+                                 tmp / "reports", timeout=900, extra_path=(seed_pr_megatron(), entry_points(tmp)))
+        return {"proc": completed(proc), "report": report}
+
+    made = once_per_session(tmp_path_factory, worker_id, "megatron-v2-both-paths", make)
+    return process(made["proc"]), made["report"]
 
 
 def test_both_paths_get_a_verdict_on_every_property_and_only_the_wrappers_own_defect_fails(both_paths) -> None:

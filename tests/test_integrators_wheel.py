@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_integrators_wheel")
+
 ROOT = Path(__file__).resolve().parent.parent
 #: What a run needs besides the Python modules.
 DATA = ("conformance/data/recorded_errors.json", "conformance/data/api-surface/deep_ep-2.1.0.json",

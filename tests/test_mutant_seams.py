@@ -31,6 +31,9 @@ from conformance.mutants import activate, load_catalog
 from conformance.mutants.patching import seam
 from tests.conftest import ROOT
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_mutant_seams")
+
 #: The modules whose attributes (and whose classes' attributes) only seams may change.
 SCOPES = ("conformance.emulation", "conformance.backends")
 #: The call-seam registry itself: compared seam by seam, not as a dict.

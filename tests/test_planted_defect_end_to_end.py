@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 
 
@@ -25,8 +27,9 @@ def test_main_job_reports_a_planted_defect(suite) -> None:
     assert replay.returncode == 1 and "bytes differ" in replay.stdout, replay.stdout + replay.stderr
 
 
-def test_main_job_passes_and_writes_the_report(suite) -> None:
-    proc, report = suite("-n", "2", "--nodes", "2", "--max-examples", "10")
+def test_main_job_passes_and_writes_the_report(catalog_runs) -> None:
+    """The main job's form (``-n 2 --nodes 2``): the session's two-node catalog run."""
+    proc, report = catalog_runs[2].proc, catalog_runs[2].report
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert report["summary"]["failed"] == 0 and report["summary"]["total"] >= 1
     env = report["environment"]
@@ -65,7 +68,6 @@ def test_version_gate_fails_on_a_regression_against_the_baseline(suite, tmp_path
 def test_a_rank_dying_mid_example_is_a_clear_failure_and_the_world_recovers(emulated_session) -> None:
     """The library kills a rank inside dispatch: the check fails naming that rank (others' stacks shown),
     the world is rebuilt, and the very next example runs normally."""
-    import pytest
 
     from conformance.core.example import Example
     from conformance.world.errors import RankCrashed

@@ -24,6 +24,10 @@ import torch
 
 from conformance.world.launcher import World, WorldShape
 from tests import replay
+from tests.conftest import once_per_session
+
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_record")
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDER = ROOT / "fixtures" / "record.py"
@@ -74,12 +78,16 @@ def load(folder: Path, rank: int) -> dict:
 HANG, HANG_TIMEOUT_S = "timing@1", 10
 
 
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The whole recording, ``--nproc 2``; rank 1 hangs once (the watchdog stops it, the world restarts, resumes)."""
-    out = tmp_path_factory.mktemp("recording")
-    record(out, "--section-timeout", str(HANG_TIMEOUT_S), env={"RECORDER_SELFTEST_HANG": HANG})
-    return out
+@pytest.fixture(scope="session")
+def recording(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The whole recording, ``--nproc 2``; rank 1 hangs once (the watchdog stops it, the world restarts, resumes).
+    Made once per self-test session (``tests.conftest.once_per_session``)."""
+    def make(out: Path) -> str:
+        out.mkdir(parents=True, exist_ok=True)
+        record(out, "--section-timeout", str(HANG_TIMEOUT_S), env={"RECORDER_SELFTEST_HANG": HANG})
+        return str(out)
+
+    return Path(once_per_session(tmp_path_factory, worker_id, "recording", make))
 
 
 def test_both_ranks_written_in_the_old_format(recording: Path) -> None:

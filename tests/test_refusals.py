@@ -33,6 +33,9 @@ from conformance.core.example import Example
 from conformance.emulation import _refusals
 from conformance.world.launcher import World, WorldShape
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_refusals")
+
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "conformance" / "emulation" / "refusals.toml"
 #: A bare git mirror of DeepEP at the 2.1.0 build (dd758ca); CI has none.

@@ -10,6 +10,9 @@ import pytest
 from conformance.world.errors import RankCrashed, RankRaised, RankTimeout, WorldError
 from conformance.world.launcher import World, WorldShape
 
+#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
+pytestmark = pytest.mark.xdist_group("test_world")
+
 
 def _alive(pid: int) -> bool:
     try:

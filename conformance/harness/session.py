@@ -53,6 +53,9 @@ class Recorder:
     #: known-defect id -> examples on which it retired the world (a crash, a CUDA fault)
     world_retiring_defects: dict[str, int] = field(default_factory=dict)
     stopped: str | None = None  # why the property stopped drawing early (KnownDefectStop)
+    #: the world died outside the property's examples (found by the suite's own task that collects the library
+    #: calls: a node or rank lost while idle, or a fault surfacing after the last example); never silent
+    world_lost: str | None = None
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
     #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
     #: for this property (``backends.tracing``; collected at its end: :meth:`Session.collect_api_calls`)
@@ -80,6 +83,7 @@ class Recorder:
             "known_defects": self.known_defects,
             "first_failure_at": self.first_failure_at,
             "stopped": self.stopped,
+            "world_lost": self.world_lost,
             "failure_detail": self.failure_detail,
             "api_calls": calls_as_json(self.api_calls),
             "wall_s": round(time.monotonic() - self.started, 3),
@@ -346,7 +350,14 @@ class Session:
             return
         try:
             per_rank = world.run(drain, timeout=self.config.example_timeout_s)
-        except RankFailure:  # the world is retired; the property's own verdict says why
+        except RankFailure as failure:  # the world is retired (the next task starts a fresh one): said, not lost
+            if not failure.in_step:
+                self.budget.run_restarts += 1
+            when = ("after the property's examples, while the suite collected the library calls they made (those "
+                    "calls are missing from api_calls)" if keep else
+                    "before the property's first example (its examples ran on a fresh world)")
+            lost = f"the world was lost {when}: {str(failure).splitlines()[0]}"
+            self.recorder.world_lost = "; ".join(filter(None, (self.recorder.world_lost, lost)))
             return
         if keep:
             for calls in per_rank:

@@ -80,6 +80,7 @@ class PropertyEntry:
     rerun: str | None = None  # pytest command: same seed, same example database (the counterexample comes first)
     shapes: list[Any] = field(default_factory=list)  # the distinct [hidden, top-k, experts, pinned max, alignment]
     stopped: str | None = None  # why the property stopped drawing early (a known defect that retires the world)
+    world_lost: str | None = None  # the world died outside the property's examples (between them and the next)
     blob: str | None = None  # Hypothesis' @reproduce_failure(...) line, when Hypothesis printed one
     api_calls: dict[str, Any] = field(default_factory=dict)  # "Class.method" -> what its calls gave (api_coverage)
 
@@ -160,6 +161,7 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         api_calls=recorded.get("api_calls") or {},
         shapes=recorded.get("shapes") or [],
         stopped=recorded.get("stopped"),
+        world_lost=recorded.get("world_lost"),
     )
     if report.failed:
         entry.message = _failure_message(report)
@@ -169,6 +171,8 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         if recorded["last_example"]:
             entry.counterexample = json.loads(recorded["last_example"])
             entry.repro = repro_command(entry.id, recorded["last_example"], config)
+    elif entry.world_lost:  # a passed property's message says what happened to its world
+        entry.message = entry.world_lost
     if report.skipped:  # never silent: the reason is the property's message and every backend's column
         entry.message = _skip_reason(report)
         entry.verdicts = {b.name: {**_empty_column(), "status": "skipped", "reason": entry.message}
@@ -400,6 +404,9 @@ def headline(entries: list[PropertyEntry]) -> list[str]:
                         " (the other backends were checked)."))
     for cause, ids in stopped.items():
         lines.append(f"Crash/hang budget spent by {', '.join(ids)}: {cause}.")
+    for e in entries:
+        if e.world_lost:
+            lines.append(f"{e.id}: {e.world_lost}.")
     return lines
 
 
