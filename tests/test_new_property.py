@@ -10,9 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conformance.new_property import next_number
 from tests.conftest import ROOT
 
-PID = "P26-all-tokens-to-one-rank"
+#: The scaffold's test property: the next free number, a name no property will have.
+NUMBER = next_number(ROOT)
+NAME = "scaffold-self-test"
+PID = f"P{NUMBER}-{NAME}"
+MODULE = f"test_p{NUMBER:02d}_scaffold_self_test"
 
 
 def scratch_copy(tmp_path: Path) -> Path:
@@ -36,12 +41,11 @@ def run(copy: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPro
 def test_a_new_property_is_three_files_and_everything_else_follows(tmp_path: Path) -> None:
     copy = scratch_copy(tmp_path)
     before = {p.relative_to(copy) for p in copy.rglob("*") if p.is_file()}
-    made = run(copy, "-m", "conformance.new_property", "all-tokens-to-one-rank", "--title",
-               "every token routed to experts of one rank arrives there alone")
+    made = run(copy, "-m", "conformance.new_property", NAME, "--title", "a property the scaffold's self-test makes")
     assert made.returncode == 0, made.stdout + made.stderr
     created = {p.relative_to(copy) for p in copy.rglob("*") if p.is_file() and "__pycache__" not in p.parts} - before
-    assert created == {Path("conformance/properties/test_p26_all_tokens_to_one_rank.py"),
-                       Path("conformance/strategies/all_tokens_to_one_rank.py"), Path("tests/test_p26_meta.py")}
+    assert created == {Path(f"conformance/properties/{MODULE}.py"), Path(f"tests/test_p{NUMBER:02d}_meta.py"),
+                       Path("conformance/strategies/scaffold_self_test.py")}
     # the generated docs were rewritten, and nothing else was touched
     changed = {p for p in before if p.suffix == ".md" and (copy / p).read_text() != (ROOT / p).read_text()}
     assert changed == {Path("README.md"), Path("docs/properties.md"), Path("docs/integrators.md")}, changed
@@ -54,7 +58,8 @@ def test_a_new_property_is_three_files_and_everything_else_follows(tmp_path: Pat
     assert listed.stdout.count(PID) == 2, listed.stdout  # in the catalog and in what a v1 plug-in is checked by
     assert run(copy, "-m", "ruff", "check", "conformance", "tests").returncode in (0, 127)  # (ruff may be absent)
     # the skeleton cannot pass: its meta-test fails until its mutant is named, saying so
-    meta = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_p26_meta.py", "-k", "catches")
+    meta = run(copy, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"tests/test_p{NUMBER:02d}_meta.py", "-k",
+               "catches")
     assert meta.returncode == 1 and "unknown mutant 'TODO'" in meta.stdout, meta.stdout[-3000:]
 
 
