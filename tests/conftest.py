@@ -34,6 +34,22 @@ def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_pat
     return proc, report
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``pytest tests -n auto``: one worker more than the cores (a self-test spends much of its time waiting on the
+    worlds and runs it starts)."""
+    return (os.cpu_count() or 1) + 1
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """The self-tests are scheduled by xdist group whatever ``--dist`` says (``--dist loadgroup``): a module marked
+    ``xdist_group`` keeps its costly module fixture (a started world) on one worker."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    return LoadGroupScheduling(config, log)
+
+
 @pytest.fixture
 def suite(tmp_path: Path):
     """Callable running the suite with its reports in a temporary directory."""
