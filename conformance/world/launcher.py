@@ -257,7 +257,11 @@ class World:
                 conn = listener.accept()
             except OSError:  # the listener was closed
                 return
-            peer = listener.last_accepted[0] if listener.last_accepted else "?"
+            try:
+                peer = listener.last_accepted[0] if listener.last_accepted else "?"
+            except AttributeError:  # the listener was closed right after this accept (the world shuts down)
+                conn.close()
+                return
             threading.Thread(target=self._handshake, args=(conn, peer, arrivals), daemon=True).start()
 
     def _handshake(self, conn: Connection, peer: str, arrivals: queue.Queue) -> None:
