@@ -18,6 +18,7 @@ import torch.distributed as dist
 from . import _checks, _exchange, _refusals, _route, _sizing
 from ._refusals import check
 from ._topology import Topology, get_topology
+from ._uninit import pad_uninitialised
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
@@ -66,19 +67,18 @@ def _worst_expanded(num_ranks: int, num_max: int, num_topk: int, num_local: int,
 def _worst_case(plan: dict, num_recv_tokens: int, num_expanded_tokens: int, do_expand: bool) -> None:
     """Pad the received tensors to the rows the library allocates without a CPU sync (or from a cached handle):
     the valid rows first (``psum_num_recv_tokens_per_scaleup_rank[-1]`` of them), then rows the library leaves
-    uninitialised: the emulation writes zeros to payloads and weights, -1 to top-k indices and metadata (see
-    DIVERGENCES.md).  ``num_recv_tokens_per_expert_list`` is empty (the counts were never read on the host)."""
+    uninitialised (``torch::empty``, csrc/elastic/buffer.hpp:1064-1109): uninitialised here too (``_uninit``: 0x7F
+    bytes) for payloads, scales, weights and top-k indices; the metadata's rows -1 (the emulation's own combine reads
+    them; see DIVERGENCES.md).  ``num_recv_tokens_per_expert_list`` is empty (the counts were never read on the
+    host)."""
     rows = num_expanded_tokens if do_expand else num_recv_tokens
-
-    def pad(t: torch.Tensor | None, target: int, value: float) -> torch.Tensor | None:
-        if t is None or t.shape[0] >= target:
-            return t
-        tail = torch.full((target - t.shape[0],) + tuple(t.shape[1:]), value, dtype=t.dtype, device=t.device)
-        return torch.cat([t, tail])
-
-    for name, value in (("recv_x", 0), ("recv_sf", 0), ("recv_topk_weights", 0), ("recv_topk_idx", -1)):
-        plan[name] = pad(plan[name], rows, value)
-    plan["metadata"] = pad(plan["metadata"], num_recv_tokens, -1)
+    for name in ("recv_x", "recv_sf", "recv_topk_weights", "recv_topk_idx"):
+        plan[name] = pad_uninitialised(plan[name], rows)
+    metadata = plan["metadata"]
+    if metadata is not None and metadata.shape[0] < num_recv_tokens:
+        tail = torch.full((num_recv_tokens - metadata.shape[0],) + tuple(metadata.shape[1:]), -1,
+                          dtype=metadata.dtype, device=metadata.device)
+        plan["metadata"] = torch.cat([metadata, tail])
     plan["num_recv_tokens"], plan["num_expanded_tokens"], plan["aligned"] = num_recv_tokens, num_expanded_tokens, []
 
 

@@ -26,6 +26,7 @@ from ._low_latency import LowLatencyMixin
 from ._low_latency import rdma_size_hint as ll_rdma_size_hint
 from ._refusals import check, refuse
 from ._topology import get_topology
+from ._uninit import pad_uninitialised
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
@@ -582,8 +583,8 @@ class Buffer(LowLatencyMixin):
         new payload (padded to ``num_worst_tokens`` rows, intranode only); no top-k, counts or handle."""
         _wait_previous(previous_event)
         recv = self._exchange(x, x_scales, None, None, is_token_in_rank, None, "Buffer.dispatch")
-        recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
-        recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
+        recv_x = pad_uninitialised(recv.fields["x"], num_worst_tokens)
+        recv_scales = pad_uninitialised(recv.fields["x_scales"], num_worst_tokens)
         event = EventOverlap(_event(x.device, async_finish))
         return (recv_x, recv_scales) if x_scales is not None else recv_x, None, None, None, None, event
 
@@ -615,10 +616,12 @@ class Buffer(LowLatencyMixin):
             else [_route.align_up(int(c), expert_alignment) for c in local_counts.cpu()]
         )
         handle = handle_of(recv)
-        recv_x = self._pad_rows(recv.fields["x"], num_worst_tokens, 0)
-        recv_scales = self._pad_rows(recv.fields["x_scales"], num_worst_tokens, 0)
+        # rows past the received ones: uninitialised (torch::empty) but recv_topk_idx, which the kernel sets to -1
+        # (csrc/kernels/legacy/intranode.cu:535-545)
+        recv_x = pad_uninitialised(recv.fields["x"], num_worst_tokens)
+        recv_scales = pad_uninitialised(recv.fields["x_scales"], num_worst_tokens)
         recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
-        recv_topk_weights = self._pad_rows(recv_topk_weights, num_worst_tokens, 0)
+        recv_topk_weights = pad_uninitialised(recv_topk_weights, num_worst_tokens)
         event = EventOverlap(_event(x.device, async_finish))
         return (
             (recv_x, recv_scales) if x_scales is not None else recv_x,

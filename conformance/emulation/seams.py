@@ -83,6 +83,9 @@ CALLS: dict[str, str] = {
     # events, the CPU model of streams
     "async_placeholder": "the not-yet-written stand-in of an async call's CPU output, registering its copy-out",
     "async_complete_later": "queuing an async call's copy-out and capturing the event that covers it",
+    # memory
+    "uninitialised": "memory the library allocates and never writes (the rows past a worst-case output's valid "
+                     "ones): every byte 0x7F (shape, dtype, device -> tensor)",
     # refusals
     "refusal_enforced": "whether the refusal of a table row is enforced (always, in the library)",
 }

@@ -1,0 +1,117 @@
+"""P26 worst-case outputs read whole: a V2 dispatch without a CPU sync (``do_cpu_sync=False``, the CUDA-graph path)
+returns tensors sized for the worst case; a client that reads them whole (a MoE GEMM over every row) reads its
+valid rows as the oracle's and, past them, only what the library promises.
+
+For each variant (``rows``: ``num_ranks x num_max_tokens_per_rank`` rows; ``expand`` and ``expand_zero_padding``:
+the worst expanded rows), every output is copied whole (reading it must not fault), after the caching allocator was
+filled with 0x7F bytes on a GPU (the emulation hands out such bytes where the library leaves memory unwritten).
+Asserted: the valid count is ``psum_num_recv_tokens_per_scaleup_rank[-1]``; the first that many rows hold exactly
+the oracle's receipts (sources, local experts, bytes, weights); with ``do_zero_padding`` every alignment gap after an
+expert's rows is zero (payload and weights).  Nothing is asserted of the rows past the valid ones or of the gaps
+without ``do_zero_padding``: the report says, per backend, variant, output and region, what a reader got there
+(artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1, or other bytes).  On the real
+2.1.0 (csrc/elastic/buffer.hpp:1064-1109, ``torch::empty``) those rows are uninitialised: mask them by the valid
+count (``psum_num_recv_tokens_per_scaleup_rank[-1]``, or ``recv_topk_idx`` only below it) before computing on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from conformance.assertions import assert_receipts_equal, assert_same_tokens, for_each_backend
+from conformance.canonical import receipts_from_view
+from conformance.core.example import Example, build_all_inputs
+from conformance.core.views import DispatchView, v2_layout
+from conformance.emulation._uninit import POISON_BYTE
+from conformance.oracle import expected_receipts, expected_received_tokens
+from conformance.properties import CheckContext, Property, register
+from conformance.strategies import examples, sized
+from conformance.tasks.worst_case import worst_case_views
+
+#: The report's artifact: backend -> "variant output[region]" -> what was read there over the examples.
+KEY = "what a reader gets"
+
+
+def describe(region: torch.Tensor) -> str | None:
+    """What a reader gets in ``region`` (``None``: an empty region)."""
+    if region.numel() == 0:
+        return None
+    raw = region.contiguous().view(-1).view(torch.uint8)
+    if bool((raw == POISON_BYTE).all()):
+        return f"0x{POISON_BYTE:02X} bytes (uninitialised memory, as the allocator left it)"
+    if bool((raw == 0).all()):
+        return "zeros"
+    if not region.is_floating_point() and bool((region == -1).all()):
+        return "-1"
+    return f"other bytes ({len(torch.unique(raw))} distinct byte values)"
+
+
+def regions(view: DispatchView, variant: str, valid: int, alignment: int) -> dict[str, tuple[int, int]]:
+    """The row ranges of ``view`` past its valid rows: ``tail`` (and the alignment ``gaps`` of expand mode)."""
+    rows = view.x.shape[0]
+    if variant == "rows":
+        return {"tail": (valid, rows)}
+    layout = v2_layout(view)
+    ends = [int(v) for v in layout.psum_num_recv_tokens_per_expert.tolist()]
+    aligned_end = -(-ends[-1] // alignment) * alignment if ends else 0
+    out = {f"gap after local expert {i}": (end, -(-end // alignment) * alignment) for i, end in enumerate(ends)}
+    out["tail"] = (aligned_end, rows)
+    return out
+
+
+def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
+    """Valid rows as the oracle's, zeroed gaps where asked for; what lies past them recorded."""
+    __tracebackhide__ = True
+    inputs = build_all_inputs(example)
+    recorder = getattr(ctx, "recorder", None)
+    seen: dict[str, dict[str, list[str]]] = dict(getattr(recorder, "artifacts", {}).get(KEY, {}))
+
+    def one(rank: int, backend: str, variants: dict[str, DispatchView]) -> None:
+        expected = expected_received_tokens(example, inputs, rank)
+        for variant, view in variants.items():
+            layout = v2_layout(view)
+            valid = int(layout.psum_num_recv_tokens_per_scaleup_rank[-1])
+            call = view.call
+            if valid != len(expected):
+                raise AssertionError(f"psum_num_recv_tokens_per_scaleup_rank[-1] on rank {rank} is {valid}, "
+                                     f"expected {len(expected)} (the tokens it receives) [{call}]")
+            if variant == "rows":
+                head = dataclasses.replace(view, x=view.x[:valid], topk_idx=view.topk_idx[:valid],
+                                           topk_weights=view.topk_weights[:valid], src_rank=view.src_rank[:valid],
+                                           src_token=view.src_token[:valid])
+                assert_same_tokens(head, expected, rank=rank, against=f"the oracle (the first {valid} rows)")
+                assert_receipts_equal(receipts_from_view(head), expected_receipts(example, inputs, rank), rank=rank,
+                                      call=f"{call} (its first {valid} rows of {view.x.shape[0]})")
+            for region, (lo, hi) in regions(view, variant, valid, example.expert_alignment).items():
+                if hi <= lo:
+                    continue
+                if variant == "expand_zero_padding" and region.startswith("gap"):
+                    for name, t in (("recv_x", view.x), ("recv_topk_weights", view.topk_weights)):
+                        if t[lo:hi].ne(0).any():
+                            row = lo + int(t[lo:hi].reshape(hi - lo, -1).ne(0).any(dim=1).nonzero()[0])
+                            raise AssertionError(
+                                f"{name}[{row}] on rank {rank} ({region}, rows {lo}:{hi}) is not zero with "
+                                f"do_zero_padding=True: {t[row].reshape(-1)[:8].tolist()} [{call}]")
+                    continue
+                for name, t in (("recv_x", view.x), ("recv_topk_idx", view.topk_idx),
+                                ("recv_topk_weights", view.topk_weights)):
+                    if t.dim() and t.shape[0] >= hi and (what := describe(t[lo:hi])) is not None:
+                        key = f"{variant} {name}[{region}]"
+                        column = seen.setdefault(backend, {}).setdefault(key, [])
+                        if what not in column:
+                            column.append(what)
+
+    for_each_backend(ctx, example, per_rank, one)
+    ctx.record_artifact(KEY, seen)
+
+
+PROPERTY = register(Property(
+    id="P26-worst-case-whole",
+    title="V2 do_cpu_sync=False outputs read whole: valid rows as the oracle's, zeroed gaps where asked, and what "
+          "lies past them reported",
+    strategy=sized(examples), task=worst_case_views, check=check, apis=("v2",), needs=("worst_case",),
+))
+test_worst_case_whole = PROPERTY.test
