@@ -34,6 +34,17 @@ def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_pat
     return proc, report
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: a self-test that runs the suite (or more) in subprocesses: scheduled "
+                                       "first, so that the workers end together")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The ``slow`` self-tests first (a stable sort: otherwise in collection order), so that under xdist the longest
+    ones start at once instead of lengthening the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``pytest tests -n auto``: one worker more than the cores (a self-test spends much of its time waiting on the

@@ -33,6 +33,8 @@ from conformance.core.api_coverage import (
 )
 from conformance.core.api_surface import load_snapshot
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def reports(catalog_runs: dict[int, Any]) -> list[dict[str, Any]]:

@@ -7,8 +7,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_suite
 from tests.raising_plugins import MESSAGE
+
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 WRAPPER = "tests.raising_plugins:AlwaysRaises"
 #: One property per kind of call the wrapper makes: dispatch, cached dispatch (and combine), autograd.

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_suite
 from tests.test_integrators_docs import env_for, fenced_after
+
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 V1 = "v1=tests.class_backends:CountingBuffer"
 V2 = "v2=tests.class_backends:CountingElasticBuffer"

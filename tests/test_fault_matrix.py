@@ -23,6 +23,8 @@ from tests.runs import RUN_TAG, assert_group_gone, tagged
 from tests.runs import report_of as _report
 from tests.runs import run_pytest as _pytest
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 PROPERTIES = len(catalog())
 
 

@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import ROOT, run_suite
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 CHROMIUM = next((shutil.which(name) for name in ("chromium", "chromium-browser", "google-chrome")
                  if shutil.which(name)), None)
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

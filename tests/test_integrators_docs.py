@@ -16,6 +16,8 @@ import pytest
 from conformance.docs import example_declaration
 from tests.expectations import expected_for
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "integrators.md"
 

@@ -24,6 +24,8 @@ from tests.conftest import run_suite
 from tests.expectations import expected_for
 from tests.installs import target_install
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 PINNED = "0.16.1"
 PLAIN = "megatron-fused-a2a"
 NAME = "megatron-fused-a2a-shimmed"

@@ -29,6 +29,8 @@ from tests.expectations import expected_for
 from tests.installs import patched_install, target_install
 from tests.test_integrators_megatron import PINNED, entry_point_dir
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 PATCH = Path(os.environ.get("CONFORMANCE_MEGATRON_SEED_PR")
              or ROOT.parent / "shared" / "clients" / "megatron-seed-pr" / "fused_a2a-deepep-v2.patch")
 V1, V2 = "megatron-fused-a2a-v1", "megatron-fused-a2a-v2"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 #: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
-pytestmark = pytest.mark.xdist_group("test_integrators_wheel")
+pytestmark = [pytest.mark.xdist_group("test_integrators_wheel"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What a run needs besides the Python modules.

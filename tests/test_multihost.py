@@ -21,6 +21,8 @@ import pytest
 from conformance.reporting.gate import HOLDS
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 A_ADDR, B_ADDR, PORT = "10.213.0.1", "10.213.0.2", 29433
 
 

@@ -10,8 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.new_property import next_number
 from tests.conftest import ROOT
+
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 #: The scaffold's test property: the next free number, a name no property will have.
 NUMBER = next_number(ROOT)

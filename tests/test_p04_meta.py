@@ -4,7 +4,7 @@ emulation, and its strategy produces received tokens with -1 slots of both kinds
 
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.harness.session import Recorder
@@ -16,7 +16,7 @@ from conformance.tasks.dispatch import dispatch_views
 from tests.meta import assert_caught, assert_holds, sample
 
 P4 = "P4-weights"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck))
 #: top-4 of 4 experts on 2 ranks: every received token has two slots pointing at the other rank (-1 slots).
 WITH_MINUS_ONE = Example(tokens_per_rank=(6, 5), hidden=128, num_topk=4, num_experts=4, seed=1)

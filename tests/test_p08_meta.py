@@ -5,7 +5,7 @@ a V2 backend, holds on the emulation, and its strategy produces padded experts a
 
 import pytest
 import torch
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.core.spec import BackendSpec
@@ -19,7 +19,7 @@ from conformance.world.launcher import WorldShape
 from tests.meta import assert_caught, assert_holds, sample
 
 P8 = "P8-expand-layout"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck))
 
 

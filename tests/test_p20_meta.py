@@ -4,7 +4,7 @@ on the emulation (one and two nodes); a plug-in without the capability is unsupp
 reaches its corners."""
 
 import pytest
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.core.spec import BackendSpec
@@ -18,7 +18,7 @@ from conformance.world.launcher import WorldShape
 from tests.meta import assert_caught, assert_holds, sample
 
 PID = "P20-dispatch-options"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck))
 
 

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import Example, build_all_inputs
@@ -18,7 +18,7 @@ from conformance.tasks.options import buffer_option_combine
 from tests.meta import assert_caught, assert_holds, fails, sample
 
 PID = "P21-buffer-options"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck))
 
 

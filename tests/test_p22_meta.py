@@ -2,13 +2,13 @@
 dispatch's compute and the combine's bias), and a refusal of the wrong event type that is dropped; it holds on the
 emulation (one and two nodes); its strategy reaches its corners."""
 
-from hypothesis import HealthCheck, find, settings
+from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.strategies.options import epilogue_examples
 from tests.meta import assert_caught, assert_holds, sample
 
 PID = "P22-epilogue-events"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True,
+COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
                     suppress_health_check=list(HealthCheck))
 
 

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.core.cases import ExitCase
 from conformance.strategies.lifecycle import exit_cases, exit_example
 from tests.conftest import ROOT, run_suite
 from tests.meta import assert_caught, fails
+
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 PID = "P25-clean-exit"
 

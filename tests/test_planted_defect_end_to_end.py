@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
+
 
 def test_main_job_reports_a_planted_defect(suite) -> None:
     proc, report = suite("conformance/properties/test_p01_payloads.py", "--nodes", "2", "--max-examples", "30",

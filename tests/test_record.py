@@ -27,7 +27,7 @@ from tests import replay
 from tests.conftest import once_per_session
 
 #: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
-pytestmark = pytest.mark.xdist_group("test_record")
+pytestmark = [pytest.mark.xdist_group("test_record"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDER = ROOT / "fixtures" / "record.py"

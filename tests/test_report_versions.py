@@ -11,7 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_suite
+
+pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 PROPERTIES = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p12_bad_input.py",
               "conformance/properties/test_p14_api_surface.py"]
