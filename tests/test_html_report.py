@@ -43,7 +43,7 @@ def test_the_html_report_shows_the_matrix_and_the_counterexample_heatmap(tmp_pat
     pytest.importorskip("matplotlib", reason="the report extra is not installed (pip install '.[report]')")
     reports = tmp_path / "reports"
     properties = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p05_combine.py"]
-    proc, report = run_suite([*properties, "--nodes", "2", "--max-examples", "20", "--conformance-seed", "1",
+    proc, report = run_suite([*properties, "--nodes", "2", "--max-examples", "10", "--conformance-seed", "1",
                               "--mutant", "flip-one-byte", "-p", "no:xdist"], reports)
     assert proc.returncode == 1, proc.stdout[-3000:]
     page = reports / "conformance.html"

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,12 +35,17 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     p12 = next(p for p in report["properties"] if p["id"] == "P12-bad-input")
     assert p12["status"] == "known-defect" and p12["verdicts"]["emulated-v2"]["defects"][KNOWN] >= 1
     gate = ["--baseline", str(baseline), "--allow-partial"]  # three properties: a partial run on purpose
+    # the three gated runs are independent: side by side
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda case: run_suite([*PROPERTIES, *COMMON, *gate, *case[0]], tmp_path / case[1]),
+                             [((), "r1"), (("--mutant", "flip-one-byte"), "r2"),
+                              (("--mutant", "renamed-elastic-buffer"), "r3")]))
 
-    same, report = run_suite([*PROPERTIES, *COMMON, *gate], tmp_path / "r1")
+    same, report = runs[0]
     assert same.returncode == 0 and report["gate"] == {**report["gate"], "regressions": []}, same.stdout[-3000:]
     assert "version gate: 0 regression(s)" in same.stdout
 
-    regression, report = run_suite([*PROPERTIES, *COMMON, *gate, "--mutant", "flip-one-byte"], tmp_path / "r2")
+    regression, report = runs[1]
     assert regression.returncode == 1
     (paragraph,) = [r for r in report["gate"]["regressions"] if r.startswith("P1-")]  # P12's next call breaks too
     assert paragraph.startswith("P1-per-expert-payloads held in the baseline (the emulation: passed on")
@@ -47,7 +53,7 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
         in paragraph and "Shrunk counterexample" in paragraph
     assert "GATE REGRESSION P1-per-expert-payloads held in the baseline" in regression.stdout
 
-    renamed, report = run_suite([*PROPERTIES, *COMMON, *gate, "--mutant", "renamed-elastic-buffer"], tmp_path / "r3")
+    renamed, report = runs[2]
     assert renamed.returncode == 1
     surface = [r for r in report["gate"]["regressions"] if "API surface of conformance.emulation changed" in r]
     assert len(surface) == 1 and "ElasticBuffer: renamed to 'EPBuffer' (same methods)" in surface[0], \
