@@ -125,6 +125,8 @@ def without_xdist(folder: Path) -> dict[str, str]:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "sitecustomize.py").write_text(NO_XDIST)
     return {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": f"{folder}:{ROOT}"}
+
+
 #: What else the catalog runs are given (a test comparing another run with one of them gives these too).
 CATALOG_RUN_OPTIONS = ["--max-examples", "3", "--conformance-seed", "0", "--backends", "emulated"]
 
@@ -158,20 +160,16 @@ def process(data: dict[str, Any]) -> subprocess.CompletedProcess:
 def catalog_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[int, CatalogRun]:
     """The catalog on the emulation, run once per self-test session (the two worlds side by side) for every
     self-test that needs a complete run."""
-    def make(root: Path) -> dict[int, Any]:
-        return {nodes: {"proc": completed(run.proc), "took": run.took, "report_dir": str(run.report_dir)}
-                for nodes, run in _catalog_runs(root).items()}
-
-    return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"]))
-            for nodes, r in once_per_session(tmp_path_factory, worker_id, "catalog-runs", make).items()}
+    runs = once_per_session(tmp_path_factory, worker_id, "catalog-runs", _catalog_runs)
+    return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"])) for nodes, r in runs.items()}
 
 
-def _catalog_runs(root: Path) -> dict[int, CatalogRun]:
-    def run(nodes: int) -> CatalogRun:
+def _catalog_runs(root: Path) -> dict[int, dict[str, Any]]:
+    def run(nodes: int) -> dict[str, Any]:
         report_dir = root / f"nodes{nodes}"
         proc, took = run_pytest([*CATALOG_RUNS[nodes], *CATALOG_RUN_OPTIONS, "-q", f"--report-dir={report_dir}"],
                                 env=without_xdist(root / "no-xdist") if nodes == 1 else None)
-        return CatalogRun(proc, took, report_dir)
+        return {"proc": completed(proc), "took": took, "report_dir": str(report_dir)}
 
     with ThreadPoolExecutor(len(CATALOG_RUNS)) as pool:
         return dict(zip(CATALOG_RUNS, pool.map(run, CATALOG_RUNS), strict=True))

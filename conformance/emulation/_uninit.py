@@ -12,6 +12,8 @@ before the call (``conformance.tasks.worst_case``), so the real library's untouc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .seams import seam
@@ -31,6 +33,15 @@ def uninitialised(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devi
 
 def pad_uninitialised(t: torch.Tensor | None, rows: int) -> torch.Tensor | None:
     """``t`` followed by uninitialised rows up to ``rows`` (unchanged when it has that many already)."""
+    return _pad(t, rows, uninitialised)
+
+
+def pad_filled(t: torch.Tensor | None, rows: int, value: float) -> torch.Tensor | None:
+    """``t`` followed by rows of ``value`` up to ``rows``: rows the library's kernel does write (V1's top-k -1)."""
+    return _pad(t, rows, lambda shape, dtype, device: torch.full(shape, value, dtype=dtype, device=device))
+
+
+def _pad(t: torch.Tensor | None, rows: int, make: Callable[..., torch.Tensor]) -> torch.Tensor | None:
     if t is None or t.shape[0] >= rows:
         return t
-    return torch.cat([t, uninitialised((rows - t.shape[0],) + tuple(t.shape[1:]), t.dtype, t.device)])
+    return torch.cat([t, make((rows - t.shape[0],) + tuple(t.shape[1:]), t.dtype, t.device)])

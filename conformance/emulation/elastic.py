@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import _checks, _exchange, _refusals, _route, _sizing
 from ._refusals import check
 from ._topology import Topology, get_topology
-from ._uninit import pad_uninitialised
+from ._uninit import pad_filled, pad_uninitialised
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
@@ -74,11 +74,7 @@ def _worst_case(plan: dict, num_recv_tokens: int, num_expanded_tokens: int, do_e
     rows = num_expanded_tokens if do_expand else num_recv_tokens
     for name in ("recv_x", "recv_sf", "recv_topk_weights", "recv_topk_idx"):
         plan[name] = pad_uninitialised(plan[name], rows)
-    metadata = plan["metadata"]
-    if metadata is not None and metadata.shape[0] < num_recv_tokens:
-        tail = torch.full((num_recv_tokens - metadata.shape[0],) + tuple(metadata.shape[1:]), -1,
-                          dtype=metadata.dtype, device=metadata.device)
-        plan["metadata"] = torch.cat([metadata, tail])
+    plan["metadata"] = pad_filled(plan["metadata"], num_recv_tokens, -1)
     plan["num_recv_tokens"], plan["num_expanded_tokens"], plan["aligned"] = num_recv_tokens, num_expanded_tokens, []
 
 

@@ -26,7 +26,7 @@ from ._low_latency import LowLatencyMixin
 from ._low_latency import rdma_size_hint as ll_rdma_size_hint
 from ._refusals import check, refuse
 from ._topology import get_topology
-from ._uninit import pad_uninitialised
+from ._uninit import pad_filled, pad_uninitialised
 from .config import NUM_MAX_NVL_PEERS, SOURCE_META_BYTES, Config, rdma_size_hint
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
@@ -620,7 +620,7 @@ class Buffer(LowLatencyMixin):
         # (csrc/kernels/legacy/intranode.cu:535-545)
         recv_x = pad_uninitialised(recv.fields["x"], num_worst_tokens)
         recv_scales = pad_uninitialised(recv.fields["x_scales"], num_worst_tokens)
-        recv_topk_idx = self._pad_rows(recv_topk_idx, num_worst_tokens, -1)
+        recv_topk_idx = pad_filled(recv_topk_idx, num_worst_tokens, -1)
         recv_topk_weights = pad_uninitialised(recv_topk_weights, num_worst_tokens)
         event = EventOverlap(_event(x.device, async_finish))
         return (
@@ -701,13 +701,6 @@ class Buffer(LowLatencyMixin):
         check(num_scales * scale_hidden_stride < INT_MAX, "v1_dispatch_scale_stride")
         _launch_error(config._num_sms, "v1_dispatch_zero_sms_launch", "v1_dispatch_too_many_sms_launch")
 
-    @staticmethod
-    def _pad_rows(t: torch.Tensor | None, rows: int, value: float) -> torch.Tensor | None:
-        if t is None or rows <= t.shape[0]:
-            return t
-        pad = torch.full((rows - t.shape[0],) + tuple(t.shape[1:]), value, dtype=t.dtype, device=t.device)
-        return torch.cat([t, pad])
-
     def _exchange(
         self, x: Tensor, x_scales: Tensor | None, topk_idx: Tensor | None, topk_weights: Tensor | None,
         is_token_in_rank: Tensor, num_tokens_per_expert: Tensor | None, what: str, num_experts: int | None = None,
@@ -747,7 +740,7 @@ class Buffer(LowLatencyMixin):
             rank_prefix_matrix.to(device),
             cpm,
             recv_cpm.to(device),
-            self._pad_rows(recv.src_token.to(torch.int32), num_worst_tokens, -1),  # recv_src_idx: one per recv row
+            pad_filled(recv.src_token.to(torch.int32), num_worst_tokens, -1),  # recv_src_idx: one per recv row
             is_token_in_rank,
             send_head,
         )

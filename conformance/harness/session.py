@@ -384,6 +384,13 @@ class Session:
         """Attach a JSON-able artifact (e.g. an API-surface snapshot) to the property's report entry."""
         self.recorder.artifacts[key] = value
 
+    def record_seen(self, key: str, backend: str, what: str, value: str) -> None:
+        """Add ``value`` to the distinct values seen for ``what`` on ``backend`` over the property's examples: the
+        artifact ``key`` of its report entry, ``{backend: {what: [values, in the order first seen]}}``."""
+        seen = self.recorder.artifacts.setdefault(key, {}).setdefault(backend, {}).setdefault(what, [])
+        if value not in seen:
+            seen.append(value)
+
     def record_not_checked(self, backend: str, what: str) -> None:
         """Remember a part of the check that ``backend`` cannot take (it lacks the capability): listed under
         ``not_checked`` in the report, with the backend's verdict."""

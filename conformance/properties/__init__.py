@@ -44,6 +44,8 @@ class CheckContext(Protocol):
 
     def record_artifact(self, key: str, value: Any) -> None: ...
 
+    def record_seen(self, key: str, backend: str, what: str, value: str) -> None: ...  # artifact over examples
+
     def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
     def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 

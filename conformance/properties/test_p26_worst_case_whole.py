@@ -5,9 +5,10 @@ valid rows as the oracle's and, past them, only what the library promises.
 For each variant (``rows``: ``num_ranks x num_max_tokens_per_rank`` rows; ``expand`` and ``expand_zero_padding``:
 the worst expanded rows), every output is copied whole (reading it must not fault), after the caching allocator was
 filled with 0x7F bytes on a GPU (the emulation hands out such bytes where the library leaves memory unwritten).
-Asserted: the valid count is ``psum_num_recv_tokens_per_scaleup_rank[-1]``; the first that many rows hold exactly
-the oracle's receipts (sources, local experts, bytes, weights); with ``do_zero_padding`` every alignment gap after an
-expert's rows is zero (payload and weights).  Nothing is asserted of the rows past the valid ones or of the gaps
+Asserted: in every variant the valid count ``psum_num_recv_tokens_per_scaleup_rank[-1]`` is the tokens received and
+the valid rows hold exactly the oracle's receipts (sources, local experts, bytes, weights; in expand mode P20's check
+of a no-sync layout, folded back in the oracle's segments); with ``do_zero_padding`` every alignment gap is +0.0
+(P20's check).  Nothing is asserted of the rows past the valid ones or of the gaps
 without ``do_zero_padding``: the report says, per backend, variant, output and region, what a reader got there
 (artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1, or other bytes).  On the real
 2.1.0 (csrc/elastic/buffer.hpp:1064-1109, ``torch::empty``) those rows are uninitialised: mask them by the valid
@@ -23,11 +24,13 @@ import torch
 
 from conformance.assertions import assert_receipts_equal, assert_same_tokens, for_each_backend
 from conformance.canonical import receipts_from_view
-from conformance.core.example import Example, build_all_inputs
+from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, v2_layout
 from conformance.emulation._uninit import POISON_BYTE
-from conformance.oracle import expected_receipts, expected_received_tokens
+from conformance.oracle import expected_aligned_counts, expected_receipts, expected_received_tokens
+from conformance.oracle.counts import expected_padding_rows
 from conformance.properties import CheckContext, Property, register
+from conformance.properties.test_p20_dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.strategies import examples, sized
 from conformance.tasks.worst_case import worst_case_views
 
@@ -49,16 +52,17 @@ def describe(region: torch.Tensor) -> str | None:
     return f"other bytes ({len(torch.unique(raw))} distinct byte values)"
 
 
-def regions(view: DispatchView, variant: str, valid: int, alignment: int) -> dict[str, tuple[int, int]]:
-    """The row ranges of ``view`` past its valid rows: ``tail`` (and the alignment ``gaps`` of expand mode)."""
+def unwritten_rows(view: DispatchView, variant: str, example: Example, inputs: list[RankInputs], rank: int,
+                   valid: int) -> dict[str, list[int] | range]:
+    """The rows of ``view`` past its valid ones, by region: ``tail`` (after the valid rows, or after the oracle's
+    aligned expert segments in expand mode) and, in expand mode without ``do_zero_padding``, the oracle's alignment
+    ``gaps`` (with it, they are asserted zero instead)."""
     rows = view.x.shape[0]
     if variant == "rows":
-        return {"tail": (valid, rows)}
-    layout = v2_layout(view)
-    ends = [int(v) for v in layout.psum_num_recv_tokens_per_expert.tolist()]
-    aligned_end = -(-ends[-1] // alignment) * alignment if ends else 0
-    out = {f"gap after local expert {i}": (end, -(-end // alignment) * alignment) for i, end in enumerate(ends)}
-    out["tail"] = (aligned_end, rows)
+        return {"tail": range(valid, rows)}
+    out: dict[str, list[int] | range] = {"tail": range(sum(expected_aligned_counts(example, inputs, rank)), rows)}
+    if variant == "expand":
+        out["gaps"] = expected_padding_rows(example, inputs, rank)
     return out
 
 
@@ -66,46 +70,34 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     """Valid rows as the oracle's, zeroed gaps where asked for; what lies past them recorded."""
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
-    recorder = getattr(ctx, "recorder", None)
-    seen: dict[str, dict[str, list[str]]] = dict(getattr(recorder, "artifacts", {}).get(KEY, {}))
 
     def one(rank: int, backend: str, variants: dict[str, DispatchView]) -> None:
         expected = expected_received_tokens(example, inputs, rank)
+        receipts = expected_receipts(example, inputs, rank)
         for variant, view in variants.items():
-            layout = v2_layout(view)
-            valid = int(layout.psum_num_recv_tokens_per_scaleup_rank[-1])
-            call = view.call
+            valid = int(v2_layout(view).psum_num_recv_tokens_per_scaleup_rank[-1])
             if valid != len(expected):
                 raise AssertionError(f"psum_num_recv_tokens_per_scaleup_rank[-1] on rank {rank} is {valid}, "
-                                     f"expected {len(expected)} (the tokens it receives) [{call}]")
+                                     f"expected {len(expected)} (the tokens it receives) [{view.call}]")
             if variant == "rows":
                 head = dataclasses.replace(view, x=view.x[:valid], topk_idx=view.topk_idx[:valid],
                                            topk_weights=view.topk_weights[:valid], src_rank=view.src_rank[:valid],
                                            src_token=view.src_token[:valid])
                 assert_same_tokens(head, expected, rank=rank, against=f"the oracle (the first {valid} rows)")
-                assert_receipts_equal(receipts_from_view(head), expected_receipts(example, inputs, rank), rank=rank,
-                                      call=f"{call} (its first {valid} rows of {view.x.shape[0]})")
-            for region, (lo, hi) in regions(view, variant, valid, example.expert_alignment).items():
-                if hi <= lo:
-                    continue
-                if variant == "expand_zero_padding" and region.startswith("gap"):
-                    for name, t in (("recv_x", view.x), ("recv_topk_weights", view.topk_weights)):
-                        if t[lo:hi].ne(0).any():
-                            row = lo + int(t[lo:hi].reshape(hi - lo, -1).ne(0).any(dim=1).nonzero()[0])
-                            raise AssertionError(
-                                f"{name}[{row}] on rank {rank} ({region}, rows {lo}:{hi}) is not zero with "
-                                f"do_zero_padding=True: {t[row].reshape(-1)[:8].tolist()} [{call}]")
-                    continue
+                assert_receipts_equal(receipts_from_view(head), receipts, rank=rank,
+                                      call=f"{view.call} (its first {valid} rows of {view.x.shape[0]})")
+            else:
+                check_no_sync_layout(view, example, inputs, rank, receipts)  # P20's: the valid expanded rows
+                if variant == "expand_zero_padding":
+                    check_zero_padding(view, example, inputs, rank)  # P20's: the gaps are +0.0
+            for region, rows in unwritten_rows(view, variant, example, inputs, rank, valid).items():
+                index = torch.as_tensor(list(rows), dtype=torch.int64)
                 for name, t in (("recv_x", view.x), ("recv_topk_idx", view.topk_idx),
                                 ("recv_topk_weights", view.topk_weights)):
-                    if t.dim() and t.shape[0] >= hi and (what := describe(t[lo:hi])) is not None:
-                        key = f"{variant} {name}[{region}]"
-                        column = seen.setdefault(backend, {}).setdefault(key, [])
-                        if what not in column:
-                            column.append(what)
+                    if t.shape[0] == view.x.shape[0] and (what := describe(t[index])) is not None:
+                        ctx.record_seen(KEY, backend, f"{variant} {name}[{region}]", what)
 
     for_each_backend(ctx, example, per_rank, one)
-    ctx.record_artifact(KEY, seen)
 
 
 PROPERTY = register(Property(
