@@ -686,6 +686,15 @@ def assert_raised_everywhere(raised: list[Raised], *, call: str, expected_type: 
             raise AssertionError(f"rank {rank} raised {got}, expected a message matching {message_pattern!r} [{call}]")
 
 
+def assert_no_side_effect(raised: list[Raised], *, call: str, what: str = "the call") -> None:
+    """No rank's call left anything behind in its thread (:attr:`Raised.side_effect`, e.g. a switched current CUDA
+    stream): a refusal must leave the caller as it found it."""
+    __tracebackhide__ = True
+    for rank, got in enumerate(raised):
+        if got.side_effect is not None:
+            raise AssertionError(f"rank {rank}: {what} ({got}) {got.side_effect} [{call}]")
+
+
 def assert_refused_then_usable(recorder: RecordsUnsupported, example: Example, results: list[dict[str, Any]], *,
                                refused: str, after: str, call: str, what: str, **expected: Any) -> None:
     """A refused call: ``results[rank][refused]`` (a :class:`Raised`) shows it raised on every rank (with

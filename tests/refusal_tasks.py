@@ -16,7 +16,7 @@ def run_recipes(names: list[str], example_json: str, mutant: str | None = None) 
     results = {}
     with activate(mutant), refusals.SharedBuffers() as shared:  # as P12 shares them
         for name in names:
-            results[name] = refusals.run(name, refusals.make_env(module, example, shared))
+            results[name] = refusals.run(name, refusals.make_env(module, example, shared))[:2]
     return results
 
 

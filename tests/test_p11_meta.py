@@ -1,5 +1,7 @@
 """Meta-tests of P11: QP cap, combine SM reuse, too many tokens, and the pinned-maximum preflight."""
 
+import dataclasses
+
 import pytest
 from hypothesis import find, settings
 
@@ -109,3 +111,25 @@ def test_p11_expects_no_mismatch_in_a_one_rank_world() -> None:
     assert expected_preflight(one) is None
     (three,) = sample(qp_cases(3), 1)
     assert sorted(r for ranks in expected_preflight(three).values() for r in ranks) == [0, 1, 2]
+
+
+def test_p11_does_not_build_a_cpu_bytes_buffer_on_the_real_library_with_ranks_sharing_a_gpu(monkeypatch) -> None:
+    """On DeepEP 2.1.0 with two ranks on one H200, ElasticBuffer(num_cpu_bytes > 0) never returned (docs/real-runs/
+    2026-12-04-1xH200): there the explicit buffer is reported unsupported with that evidence, not built; the
+    emulation, an isolated set-up and num_cpu_bytes=0 build it as before."""
+    from types import SimpleNamespace
+
+    from conformance.backends.contract import NotSupported
+    from conformance.tasks import qp
+
+    case = find(qp_cases(2), lambda c: c.num_cpu_bytes > 0, settings=settings(FIND_SETTINGS, database=None))
+    real = SimpleNamespace(spec=SimpleNamespace(real=True))
+    monkeypatch.setenv("CONFORMANCE_RANK_SETUP", "shared")
+    with pytest.raises(NotSupported, match="never returned") as refused:
+        qp._qp_results(None, real, case)
+    assert "2026-12-04-1xH200" in str(refused.value) and "--rank-setup isolated" in str(refused.value)
+    for adapter, setup, cpu in ((SimpleNamespace(spec=SimpleNamespace(real=False)), "shared", case.num_cpu_bytes),
+                                (real, "isolated", case.num_cpu_bytes), (real, "shared", 0)):
+        monkeypatch.setenv("CONFORMANCE_RANK_SETUP", setup)
+        with pytest.raises(AttributeError):  # past the guard: the (absent) env is used
+            qp._qp_results(None, adapter, dataclasses.replace(case, num_cpu_bytes=cpu))

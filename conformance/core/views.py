@@ -139,10 +139,12 @@ class Unsupported:
 
 @dataclass(frozen=True)
 class Raised:
-    """What one call raised on one rank (``None`` fields: it did not raise)."""
+    """What one call raised on one rank (``None`` fields: it did not raise); ``side_effect``: what the call left
+    behind in the calling thread besides (e.g. its current CUDA stream switched), ``None`` when nothing."""
 
     type: str | None
     message: str | None
+    side_effect: str | None = None
 
     @classmethod
     def of(cls, exc: BaseException | None) -> Raised:

@@ -1,6 +1,8 @@
 """P12 bad input: every bad call of the refusal table (``conformance/emulation/refusals.toml``, one row per host
 refusal of DeepEP 2.1.0 on the argument path of a public call) raises the library's exception on every rank,
-nothing hangs, the row's valid neighbour passes, and the next valid dispatch returns the oracle's bytes.
+nothing hangs, the row's valid neighbour passes, neither call leaves the caller's current CUDA stream switched (a
+refusal raised after the library switched to its communication stream would poison every later call of the thread),
+and the next valid dispatch returns the oracle's bytes.
 
 Every run makes every applicable row's calls once (the explicit sweep), then draws one to four rows with
 examples; real and emulated backends are held to the same rows, so a run on the real library checks the table.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_raised_everywhere, assert_view_matches_oracle
+from conformance.assertions import assert_no_side_effect, assert_raised_everywhere, assert_view_matches_oracle
 from conformance.core.cases import BadCallCase, p12_rows
 from conformance.emulation import _refusals
 from conformance.properties import CheckContext, Property, register
@@ -47,7 +49,8 @@ MUST_WORK = {
 
 def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) -> None:
     """Per row and backend: every rank raised the row's exception type with its message (exact, prefix or
-    pattern), the row's valid neighbour raised on no rank; then every backend's next valid dispatch is exact."""
+    pattern), the row's valid neighbour raised on no rank, neither call left the thread's current CUDA stream
+    switched; then every backend's next valid dispatch is exact."""
     __tracebackhide__ = True
     table = p12_rows()
     must_work = [row_id for row_id in case.rows if row_id in MUST_WORK]
@@ -61,6 +64,7 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
             ctx.checking((backend,))
             assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
                                      message_pattern=_refusals.message_pattern(row_id))
+            assert_no_side_effect([g["raised"] for g in got], call=where, what="the bad call")
             _neighbour_passed(got, row_id, where)
     for rank, ranks in enumerate(per_rank):
         for backend, view in ranks["after"].items():
@@ -85,6 +89,7 @@ def _neighbour_passed(got: list[dict[str, Any]], row_id: str, where: str) -> Non
         if g["neighbour"].type is not None:
             raise AssertionError(f"rank {rank} raised {g['neighbour']} on the valid neighbour of {row_id} (recipe "
                                  f"{row_id}.ok, the closest valid call) [{where}]")
+    assert_no_side_effect([g["neighbour"] for g in got], call=where, what=f"the valid neighbour of {row_id}")
 
 
 PROPERTY = register(Property(

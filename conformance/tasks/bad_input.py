@@ -16,8 +16,8 @@ from conformance.tasks.env import RankEnv, rank_task
 
 
 def _raised(name: str, module: Any, env: RankEnv, shared: refusals.SharedBuffers) -> Raised:
-    kind, message = refusals.run(name, refusals.make_env(module, env.example, shared))
-    return Raised(kind, message)
+    kind, message, side_effect = refusals.run(name, refusals.make_env(module, env.example, shared))
+    return Raised(kind, message, side_effect)
 
 
 @rank_task

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from conformance.backends.contract import NotSupported
 from conformance.backends.factory import get_adapter
 from conformance.core.cases import QpCase
 from conformance.core.example import build_rank_inputs
@@ -115,8 +117,19 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
 TOO_MANY_TOKENS_TIMEOUT_S = 10
 
 
+#: Why an explicit buffer with CPU bytes is not built on the real library where ranks share a GPU.
+SHARED_GPU_CPU_BYTES = (
+    "ElasticBuffer(num_cpu_bytes > 0) is not built on the real library with ranks sharing one GPU (--rank-setup "
+    "shared): there its constructor never returned on DeepEP 2.1.0 (docs/real-runs/2026-12-04-1xH200: the P11 "
+    "explicit buffer with num_cpu_bytes=2 MiB hung in ElasticBuffer.__init__ on both ranks, and so did a fresh world "
+    "of two ranks building only that buffer: v2_cpu_bytes_init.py --fresh --configs 2:129); checked with one GPU per "
+    "rank (--rank-setup isolated)")
+
+
 def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     """One V2 backend's part of :func:`qp_results`."""
+    if case.num_cpu_bytes and adapter.spec.real and os.environ.get("CONFORMANCE_RANK_SETUP") == "shared":
+        raise NotSupported(SHARED_GPU_CPU_BYTES)
     ctx, device, inputs = env.ctx, env.device, env.inputs
     example = case.example
     buffer = adapter.buffer(example)

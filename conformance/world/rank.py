@@ -368,6 +368,20 @@ _TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 PROFILE_ENV = "CONFORMANCE_PROFILE_DIR"
 
 
+def _stream_left_switched() -> str | None:
+    """Whether the last task left this rank's current CUDA stream other than the default stream (a library call
+    that switched it and raised before switching back): say so, and make the default stream current again."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
+    if current == default:
+        return None
+    torch.cuda.set_stream(default)
+    return f"left the rank's current CUDA stream switched (stream {current.stream_id}, not the default stream)"
+
+
 def _serve(conn: Connection) -> None:
     profiler = None
     if os.environ.get(PROFILE_ENV):
@@ -407,6 +421,10 @@ def _serve(conn: Connection) -> None:
                                 "traceback": exc.own or traceback.format_exc()})
         except BaseException:  # reported to the controller, which retires this world
             reply = ("error", traceback.format_exc())
+        switched = _stream_left_switched()
+        if switched is not None and reply[0] != "error":  # a poisoned rank: the controller retires this world
+            reply = ("error", f"the task {target if isinstance(target, str) else task.__qualname__} {switched}; "
+                              "the world is retired rather than reused\n")
         sys.stdout.flush()
         sys.stderr.flush()
         _send(conn, reply)

@@ -53,7 +53,12 @@ def main(argv: list[str] | None = None) -> int:
                     report.update(_judge(rows, _refusals, single, results))
                 print(f"case of {len(case.rows)} rows retried one by one: {str(failure).splitlines()[0][:200]}")
                 continue
-            report.update(_judge(rows, _refusals, case, results))
+            judged = _judge(rows, _refusals, case, results)
+            report.update(judged)
+            for row_id, per_backend in judged.items():  # as found: a run stopped by its time limit keeps them
+                for backend, verdict in per_backend.items():
+                    if not verdict["ok"]:
+                        print(f"differs: {row_id} {backend} {json.dumps(verdict)[:600]}", flush=True)
     finally:
         session.close()
     bad = {rid: r for rid, r in report.items() if r.get("world") or any(not b["ok"] for b in r.values()
@@ -77,7 +82,10 @@ def _judge(rows: dict, refusals: object, case: object, results: list[dict]) -> d
             raised_ok = all(g["raised"].type == row["exception"] and refusals.matches(row_id, g["raised"].message or "")
                             for g in got)
             neighbour_ok = all(g["neighbour"].type is None for g in got)
-            per_backend[backend] = {"ok": raised_ok and neighbour_ok,
+            side_effects = sorted({s for g in got for s in (g["raised"].side_effect, g["neighbour"].side_effect)
+                                   if s is not None})
+            per_backend[backend] = {"ok": raised_ok and neighbour_ok and not side_effects,
+                                    "side_effects": side_effects,
                                     "raised": [str(g["raised"])[:300] for g in got],
                                     "neighbour": [str(g["neighbour"])[:300] for g in got]}
         out[row_id] = per_backend

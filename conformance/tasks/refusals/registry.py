@@ -108,21 +108,44 @@ def applies(name: str, example: Example, num_nodes: int) -> bool:
     return world_ok and ("requires" not in row or REQUIRES[row["requires"]](example))
 
 
-def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None]:
-    """Run recipe ``name``; return ``(exception type name, message)``, ``(None, None)`` when nothing was raised.
+def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None, str | None]:
+    """Run recipe ``name``; return ``(exception type name, message, side effect)``, ``(None, None, ...)`` when
+    nothing was raised.  The side effect is ``None`` unless the call left the thread's current CUDA stream switched
+    (then it names the streams, and the caller's stream is current again, so later calls are not poisoned).
 
     The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
     """
     from conformance.world.rank import call_context
 
+    before = current_cuda_stream()
+    kind = message = None
     try:
         with call_context(f"refusal row {name}"):
             RECIPES[name](env)
     except Exception as exc:  # the refusal under test
-        return type(exc).__name__, str(exc)
+        kind, message = type(exc).__name__, str(exc)
     finally:
+        side_effect = restore_cuda_stream(before)
         env.release()
-    return None, None
+    return kind, message, side_effect
+
+
+def current_cuda_stream() -> Any:
+    """The calling thread's current CUDA stream, or ``None`` where CUDA is not in use in this process."""
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None
+    return torch.cuda.current_stream()
+
+
+def restore_cuda_stream(before: Any) -> str | None:
+    """Make ``before`` the current CUDA stream again if a call switched it; say what the call left behind."""
+    after = current_cuda_stream()
+    if before is None or after is None or after == before:
+        return None
+    torch.cuda.set_stream(before)
+    return (f"left the caller's current CUDA stream switched (stream {after.stream_id} instead of "
+            f"{before.stream_id}); every later call of the thread runs on that stream, and a buffer whose "
+            f"communication stream it is then refuses every call (s_0.id() != s_1.id())")
 
 
 def all_names() -> list[str]:

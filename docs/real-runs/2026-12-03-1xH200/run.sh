@@ -7,12 +7,14 @@
 #
 # Each part writes $OUT/<part>/{conformance.json,conformance.md,log.txt,jit.log} (and benchmark.json: catalog, warm;
 # the device tool brings back eight files per call).  Parts:
-#   megatron  megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2, 10 examples per property (issue 24)
+#   megatron  megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2, 10 examples per property (issue 24),
+#             on the kernel cache at /tmp/jit-catalog (whatever a catalog part left there)
 #   catalog   real-v1,real-v2,emulated-v1,emulated-v2, 25 examples per property, a cold JIT cache (issue 25), through
 #             python -m benchmarks --device cuda --only catalog --cold (the run and its figures);
 #             JITTAR=1 also packs the kernel cache into $OUT/jit-cache.tar.xz for the next call
-#   warm      the same with the kernel cache of .jitcache/jit-cache.tar.xz.part-* (carried; its warm-up marker makes
-#             the warm-up skip) (issue 25's warm figure)
+#   warm      the same with the kernel cache of the catalog part, in place where the machine was kept warm, else
+#             .jitcache/jit-cache.tar.xz.part-* (carried); its warm-up marker makes the warm-up skip (issue 25's warm
+#             figure)
 #   megatron-late  the wrapper's P13 and P25 on the kernel cache in place (after warm)
 # T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
 set -uo pipefail
@@ -38,7 +40,7 @@ run_part() {  # name, then pytest arguments
   local dir=/tmp/reports-$name
   rm -rf "$dir"; mkdir -p "$OUT/$name"
   local started; started=$(date +%s)
-  timeout -s TERM -k 30 "$T" python3 -m pytest -p no:cacheprovider --rank-setup shared --device cuda --nodes 1 \
+  timeout -s TERM -k 30 "${TM:-$T}" python3 -m pytest -p no:cacheprovider --rank-setup shared --device cuda --nodes 1 \
       --report-dir "$dir" "$@" 2>&1 | tee "$OUT/$name/log.txt"
   echo "part $name: wall $(( $(date +%s) - started )) s (exit ${PIPESTATUS[0]})" | tee -a "$OUT/$name/log.txt"
   for f in conformance.json conformance.md ${JITLOG-jit.log}; do [ -f "$dir/$f" ] && cp "$dir/$f" "$OUT/$name/"; done
@@ -46,8 +48,8 @@ run_part() {  # name, then pytest arguments
 
 for part in ${PARTS:-megatron}; do
   case $part in
-    megatron)
-      export EP_JIT_CACHE_DIR=/tmp/jit-megatron
+    megatron)  # after catalog/warm on the same machine: their kernel cache in place
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
       run_part megatron --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 --deep-ep real \
         --max-examples 10 --conformance-seed 2403 ;;
     megatron-late)  # the wrapper's P25 (run A was stopped in P11; LATE: other property files)
@@ -55,13 +57,18 @@ for part in ${PARTS:-megatron}; do
         --deep-ep real --max-examples 10 --conformance-seed 2405 --warm-up off \
         ${LATE:-conformance/properties/test_p25_clean_exit.py} ;;
     catalog|warm)  # python -m benchmarks --device cuda --only catalog: the run and its figures
-      export EP_JIT_CACHE_DIR=/tmp/jit-catalog; rm -rf "$EP_JIT_CACHE_DIR"  # (the warm part unpacks it again)
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
       cold=--cold; seed=2503
-      if [ "$part" = warm ]; then cat .jitcache/jit-cache.tar.xz.part-* | tar xJf - -C /tmp || exit 1; cold=; seed=2504; fi
+      if [ "$part" = warm ]; then  # the cache of the catalog part: in place (machine kept warm) or carried
+        cold=; seed=2504
+        if ls .jitcache/jit-cache.tar.xz.part-* >/dev/null 2>&1; then
+          rm -rf "$EP_JIT_CACHE_DIR"; cat .jitcache/jit-cache.tar.xz.part-* | tar xJf - -C /tmp || exit 1
+        elif [ ! -d "$EP_JIT_CACHE_DIR" ]; then echo "warm: no kernel cache in place or carried" >&2; exit 1; fi
+      fi
       mkdir -p "$OUT/$part"; rm -rf "/tmp/reports-$part"
       python3 -m benchmarks --device cuda --only catalog $cold --jit-cache "$EP_JIT_CACHE_DIR" \
         --catalog-report "/tmp/reports-$part" --catalog-limit "$T" --out "$OUT/$part/benchmark.json" \
-        --catalog-args "--rank-setup shared --device cuda --nodes 1 --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 25 --conformance-seed $seed" \
+        --catalog-args "--rank-setup shared --device cuda --nodes 1 --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 25 --conformance-seed $seed ${EXTRA:-}" \
         2>&1 | tee "$OUT/$part/log.txt"
       for f in conformance.json conformance.md jit.log; do [ -f "/tmp/reports-$part/$f" ] && cp "/tmp/reports-$part/$f" "$OUT/$part/"; done
       if [ "$part" = catalog ] && [ "${JITTAR:-0}" = 1 ]; then  # in parts of at most 15 MB (the tool's file limit)
