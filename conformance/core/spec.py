@@ -52,6 +52,7 @@ class Capability(str, Enum):
     dispatch_options = "dispatch_options"
     buffer_options = "buffer_options"
     epilogue_events = "epilogue_events"
+    fresh_groups = "fresh_groups"
 
     def __str__(self) -> str:
         return self.value
@@ -90,15 +91,17 @@ _PROMISES: dict[str, str] = {
                       "fields): combine through the reduction tree they select (P21)",
     "epilogue_events": "V2 previous_event_before_epilogue on dispatch and combine (dispatch/combine(before_epilogue="
                        "capture())): the epilogue waits for the event's work (P22)",
+    "fresh_groups": "buffers built on process groups the suite makes fresh (dist.new_group, no collective run on them; "
+                    "on a GPU also a lazily initialised NCCL group and a gloo group) (P27)",
 }
 CAPABILITIES: dict[Capability, str] = {Capability(name): text for name, text in _PROMISES.items()}
 assert set(CAPABILITIES) == set(Capability), "every capability says what it promises"
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
-BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface")
+BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface", "fresh_groups")
 #: What a plug-in may declare.
 PLUGIN_CAPABILITIES: dict[str, str] = {name: text for name, text in CAPABILITIES.items() if name not in BUILTIN_ONLY}
 _COMMON = caps("combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch", "autograd",
-               "events", "layout", "bad_input", "api_surface")
+               "events", "layout", "bad_input", "api_surface", "fresh_groups")
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
     "v1": _COMMON | caps("fp8", "worst_case", "low_latency", "shrink", "ll_buffer"),

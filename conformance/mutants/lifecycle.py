@@ -26,3 +26,23 @@ def v2_destroy_leaves_the_runtime() -> Iterator[None]:
 
     with seam("v2_release", release):
         yield
+
+
+@register("fresh-group-dispatch-corrupt", "harmful",
+          "a buffer built on a process group other than the one the world started with (a dist.new_group made just "
+          "before it, as integrators do) dispatches one wrong byte (row 0 on the last rank; both APIs)")
+def fresh_group_dispatch_corrupt() -> Iterator[None]:
+    import torch
+
+    from conformance.world.rank import context
+
+    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        world = context()
+        recv_x = result[0][0] if isinstance(result[0], tuple) else result[0]
+        if self.group is not world.group and world.rank == world.world_size - 1 and recv_x.shape[0] > 0:
+            recv_x.view(-1).view(torch.uint8)[0] ^= 0x01
+        return result
+
+    with seam("Buffer.dispatch", dispatch), seam("ElasticBuffer.dispatch", dispatch):
+        yield
