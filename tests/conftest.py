@@ -164,6 +164,34 @@ def catalog_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> di
     return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"])) for nodes, r in runs.items()}
 
 
+#: The run with a planted byte flip that the main job's failure report and the HTML report's self-tests both read:
+#: P1 fails on it (the flip), P5 holds beside it; two nodes, so the counterexample names rank 3.
+PLANTED_RUN = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p05_combine.py",
+               "--nodes", "2", "--max-examples", "10", "--conformance-seed", "1", "--mutant", "flip-one-byte",
+               "-p", "no:xdist"]
+
+
+@dataclass
+class PlantedRun:
+    proc: subprocess.CompletedProcess
+    report: dict[str, Any]
+    report_dir: Path
+
+
+@pytest.fixture(scope="session")
+def planted_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> PlantedRun:
+    """:data:`PLANTED_RUN`, made once per self-test session."""
+
+    def make(root: Path) -> dict[str, Any]:
+        proc, _ = run_suite(PLANTED_RUN, root / "reports")
+        return {"proc": completed(proc), "report_dir": str(root / "reports")}
+
+    made = once_per_session(tmp_path_factory, worker_id, "planted-run", make)
+    report_dir = Path(made["report_dir"])
+    path = report_dir / "conformance.json"
+    return PlantedRun(process(made["proc"]), json.loads(path.read_text()) if path.exists() else {}, report_dir)
+
+
 def _catalog_runs(root: Path) -> dict[int, dict[str, Any]]:
     def run(nodes: int) -> dict[str, Any]:
         report_dir = root / f"nodes{nodes}"

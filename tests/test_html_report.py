@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_suite
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
@@ -38,13 +38,11 @@ def _chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
-def test_the_html_report_shows_the_matrix_and_the_counterexample_heatmap(tmp_path: Path) -> None:
+def test_the_html_report_shows_the_matrix_and_the_counterexample_heatmap(tmp_path: Path, planted_run) -> None:
+    """The report of the session's run of P1 and P5 with a planted byte flip (tests/conftest.py: PLANTED_RUN)."""
     pytest.importorskip("jinja2", reason="the report extra is not installed (pip install '.[report]')")
     pytest.importorskip("matplotlib", reason="the report extra is not installed (pip install '.[report]')")
-    reports = tmp_path / "reports"
-    properties = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p05_combine.py"]
-    proc, report = run_suite([*properties, "--nodes", "2", "--max-examples", "10", "--conformance-seed", "1",
-                              "--mutant", "flip-one-byte", "-p", "no:xdist"], reports)
+    proc, report, reports = planted_run.proc, planted_run.report, planted_run.report_dir
     assert proc.returncode == 1, proc.stdout[-3000:]
     page = reports / "conformance.html"
     assert report["html"] == str(page) and page.exists()

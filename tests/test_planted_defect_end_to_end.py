@@ -11,15 +11,17 @@ from tests.conftest import ROOT
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
 
-def test_main_job_reports_a_planted_defect(suite) -> None:
-    proc, report = suite("conformance/properties/test_p01_payloads.py", "--nodes", "2", "--max-examples", "30",
-                         "--mutant", "flip-one-byte", "--conformance-seed", "1")
+def test_main_job_reports_a_planted_defect(planted_run) -> None:
+    """The session's run of P1 and P5 with a planted byte flip (tests/conftest.py: PLANTED_RUN)."""
+    proc, report = planted_run.proc, planted_run.report
     assert proc.returncode == 1, proc.stdout[-3000:]
     (entry,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
     assert entry["status"] == "failed"
     assert sum(entry["counterexample"]["tokens_per_rank"]) == 1, entry["counterexample"]
     assert "recv_x[rank 3, expert" in entry["message"] and "src (" in entry["message"]
-    assert report["summary"]["failed"] == 1
+    # the flipped byte reaches P1 and P5 (its combine sums the flipped row), nothing else of the run
+    assert report["summary"]["failed"] == 2 and {p["id"] for p in report["properties"] if p["status"] == "failed"} \
+        == {"P1-per-expert-payloads", "P5-combine"}, report["summary"]
     assert report["environment"]["backends"][0]["real"] is False
     # The reproduction line replays the same failure outside pytest.
     repro = entry["repro"].split(" ", 3)
