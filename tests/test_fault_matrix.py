@@ -248,8 +248,9 @@ INTERRUPTED = [f"conformance/properties/{name}.py" for name in ("test_p14_api_su
                                                                  "test_p05_combine")]
 
 
-#: One worker runs the three interrupted runs one after the other: side by side (each with two xdist workers and two
-#: worlds of four ranks) they loaded the 2-core machine so that a stop measured 1.8 s alone took 11.1-11.5 s.
+#: One worker runs the three interrupted runs one after the other, so that at most one of them (two xdist workers,
+#: two worlds of four ranks) loads the 2-core machine at a time: a stop measured at 1.8-4 s alone took 11.1 s and
+#: 11.5 s in two self-test runs where they could run side by side with the other workers' runs.
 @pytest.mark.xdist_group("interrupted-runs")
 @pytest.mark.parametrize("how", ["SIGINT to the group (Ctrl-C)", "SIGTERM to the group (timeout)",
                                  "SIGTERM to pytest only (kill PID)"])
