@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_suite
+from tests.conftest import PLANTED_RUN, run_suite
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
 
@@ -76,22 +77,21 @@ def test_the_gate_reports_a_fixed_known_defect_without_failing(tmp_path: Path) -
     assert f"known defect {KNOWN}: fixed" in fixed.stdout
 
 
-def test_a_stored_counterexample_comes_back_first(tmp_path: Path) -> None:
+def test_a_stored_counterexample_comes_back_first(tmp_path: Path, planted_run) -> None:
     """The same failing command twice, same report directory: the second run replays the stored counterexample
-    before drawing, so it fails on its first example."""
-    args = [PROPERTIES[0], "--max-examples", "10", "--conformance-seed", "1", "--mutant", "flip-one-byte", "-p",
-            "no:xdist"]
-    first, report = run_suite(args, tmp_path / "reports")
-    assert first.returncode == 1
-    (entry,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
+    before drawing, so it fails on its first example.  The first run is the session's planted run (P1 and P5 with a
+    byte flip, tests/conftest.py: PLANTED_RUN), its report folder copied."""
+    reports = tmp_path / "reports"
+    shutil.copytree(planted_run.report_dir, reports)
+    (entry,) = [p for p in planted_run.report["properties"] if p["id"] == "P1-per-expert-payloads"]
     before = entry["first_failure_at"]
-    assert list((tmp_path / "reports" / "hypothesis").iterdir()), "no example database written"
-    second, report = run_suite(args, tmp_path / "reports")
+    assert list((reports / "hypothesis").iterdir()), "no example database written"
+    second, report = run_suite(PLANTED_RUN, reports)
     assert second.returncode == 1
     (again,) = [p for p in report["properties"] if p["id"] == "P1-per-expert-payloads"]
     assert again["counterexample"] == entry["counterexample"]
     assert again["first_failure_at"] == 1 < before, (before, again["first_failure_at"])
-    assert f"--conformance-seed 1 --max-examples 10 --report-dir {tmp_path / 'reports'}" in again["rerun"]
+    assert f"--conformance-seed 1 --max-examples 10 --report-dir {reports}" in again["rerun"], again["rerun"]
 
 
 def test_a_known_defect_that_kills_the_process_is_reported_as_known_not_failed(tmp_path: Path) -> None:
