@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, find, given, settings
@@ -88,3 +89,28 @@ def examples_to_catch(session: Session, property_id: str, mutant: str, strategy:
 
     draw()
     return state["caught"]
+
+
+@dataclass
+class RecordingContext:
+    """A check context for calling a property's ``check`` directly: it keeps the divergences and the values seen
+    that the check records, and fails on an unsupported verdict or an artifact (none expected where it is used)."""
+
+    shape: Any = None
+    divergences: dict = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)
+
+    def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None:
+        self.divergences[key] = message
+
+    def record_seen(self, key: str, backend: str, what: str, value: str) -> None:
+        self.seen.setdefault(backend, {}).setdefault(what, []).append(value)
+
+    def record_unsupported(self, item: object, case: object) -> None:
+        raise AssertionError(f"unexpected unsupported {item}")
+
+    def record_artifact(self, key: str, value: object) -> None:
+        raise AssertionError(f"unexpected artifact {key}")
+
+    def checking(self, backends: tuple[str, ...] | None) -> None:
+        pass

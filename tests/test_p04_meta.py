@@ -2,8 +2,6 @@
 reports the V1/V2 difference at -1 slots as a divergence (only when it is observable), holds on the
 emulation, and its strategy produces received tokens with -1 slots of both kinds."""
 
-from dataclasses import dataclass, field
-
 from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
@@ -13,7 +11,7 @@ from conformance.properties import catalog
 from conformance.properties.test_p04_weights import DIVERGENCE_KEY
 from conformance.strategies.layout import layout_examples
 from conformance.tasks.dispatch import dispatch_views
-from tests.meta import assert_caught, assert_holds, sample
+from tests.meta import RecordingContext, assert_caught, assert_holds, sample
 
 P4 = "P4-weights"
 COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
@@ -62,31 +60,11 @@ def test_p4_reports_the_divergence_only_when_observable(emulated_session) -> Non
     emulated_session.recorder = Recorder()
 
 
-@dataclass
-class OneApiContext:
-    """What the check records when it sees only one API's views (as ``--backends emulated-v2`` would)."""
-
-    shape: object
-    divergences: dict = field(default_factory=dict)
-
-    def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None:
-        self.divergences[key] = message
-
-    def record_unsupported(self, item: object, case: object) -> None:
-        raise AssertionError(f"unexpected unsupported {item}")
-
-    def record_artifact(self, key: str, value: object) -> None:
-        raise AssertionError(f"unexpected artifact {key}")
-
-    def checking(self, backends: tuple[str, ...] | None) -> None:
-        pass
-
-
 def test_p4_no_divergence_with_one_api_selected(emulated_session) -> None:
     prop = catalog()[P4]
     views = emulated_session.run(dispatch_views, WITH_MINUS_ONE)
     for api in ("v1", "v2"):
-        ctx = OneApiContext(emulated_session.shape)
+        ctx = RecordingContext(emulated_session.shape)  # sees one API's views, as --backends emulated-v2 would
         prop.check(ctx, WITH_MINUS_ONE, [{k: v for k, v in per_rank.items() if k.endswith(api)} for per_rank in views])
         assert ctx.divergences == {}
 

@@ -8,7 +8,7 @@ import pytest
 from conformance.core.views import Raised
 from conformance.properties.test_p27_fresh_groups import KEY, check
 from conformance.strategies.fresh_groups import fresh_groups_examples
-from tests.meta import assert_caught, assert_holds, sample
+from tests.meta import RecordingContext, assert_caught, assert_holds, sample
 
 PID = "P27-fresh-groups"
 MUTANT = "fresh-group-dispatch-corrupt"
@@ -24,19 +24,6 @@ def test_fresh_groups_holds_on_the_emulation_including_two_nodes(emulated_sessio
     assert_holds(two_node_session, PID, sample(fresh_groups_examples(4), 5))
 
 
-class Ctx:
-    """A check context that keeps what the check records."""
-
-    def __init__(self) -> None:
-        self.seen: dict = {}
-
-    def checking(self, backends: object) -> None:
-        pass
-
-    def record_seen(self, key: str, backend: str, what: str, value: str) -> None:
-        self.seen.setdefault(backend, {}).setdefault(what, []).append(value)
-
-
 @pytest.mark.parametrize(("per_rank_raised", "expected"), [
     ((Raised("RuntimeError", "comm argument is NULL"), None), "refused on rank(s) [0] only"),
     ((Raised("RuntimeError", ""), Raised("RuntimeError", "")), "no message"),
@@ -49,12 +36,12 @@ def test_fresh_groups_fails_a_refusal_on_some_ranks_or_without_a_word(per_rank_r
     view = object()  # a rank that dispatched (never reached: the refusal is judged first)
     per_rank = [{"emulated-v2": {"new_group": raised if raised is not None else view}} for raised in per_rank_raised]
     with pytest.raises(AssertionError, match=re.escape(expected)):
-        check(Ctx(), example, per_rank)
+        check(RecordingContext(), example, per_rank)
 
 
 def test_fresh_groups_records_a_clean_refusal_on_every_rank() -> None:
     example = sample(fresh_groups_examples(2), 1)[0]
     refused = Raised("RuntimeError", "NCCL communicator of this group is not initialised")
-    ctx = Ctx()
+    ctx = RecordingContext()
     check(ctx, example, [{"real-v2": {"new_group_nccl": refused}}] * 2)
     assert ctx.seen == {"real-v2": {"new_group_nccl": [f"refused: {refused}"]}} and KEY == "fresh groups"

@@ -82,7 +82,7 @@ def test_a_recipe_that_leaves_the_stream_alone_has_no_side_effect(fake_cuda: Fak
 
 
 def test_no_cuda_no_side_effect() -> None:
-    from conformance.tasks.refusals.registry import current_cuda_stream, restore_cuda_stream
+    from conformance.world.rank import current_cuda_stream, restore_cuda_stream
 
     assert current_cuda_stream() is None and restore_cuda_stream(None) is None
 
@@ -92,6 +92,7 @@ def test_p12_fails_the_row_whose_call_left_the_stream_switched() -> None:
     (on the bad call, and on the valid neighbour)."""
     from conformance.core.cases import BadCallCase
     from conformance.properties.test_p12_bad_input import check
+    from tests.meta import RecordingContext
     from tests.test_p12_meta import case_of
 
     row = "v2_combine_num_sms_positive"
@@ -99,18 +100,14 @@ def test_p12_fails_the_row_whose_call_left_the_stream_switched() -> None:
     refused = Raised("RuntimeError", "Assertion exception (csrc/elastic/buffer.hpp:1198): num_sms > 0")
     leaked = "left the caller's current CUDA stream switched (stream 7 instead of 0)"
 
-    class Ctx:
-        def checking(self, backends: object) -> None:
-            pass
-
     for bad, neighbour in ((Raised(refused.type, refused.message, leaked), Raised(None, None)),
                            (refused, Raised(None, None, leaked))):
         per_rank = [{"rows": {row: {"emulated-v2": {"raised": bad, "neighbour": neighbour}}}, "after": {}}] * 2
         with pytest.raises(AssertionError, match="current CUDA stream switched") as failure:
-            check(Ctx(), case, per_rank)
+            check(RecordingContext(), case, per_rank)
         assert row in str(failure.value) and "emulated-v2" in str(failure.value)
     clean = [{"rows": {row: {"emulated-v2": {"raised": refused, "neighbour": Raised(None, None)}}}, "after": {}}] * 2
-    check(Ctx(), case, clean)
+    check(RecordingContext(), case, clean)
 
 
 def test_a_task_that_leaves_the_stream_switched_retires_the_world(fake_cuda: FakeCuda) -> None:

@@ -368,18 +368,37 @@ _TORCHRUN_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 PROFILE_ENV = "CONFORMANCE_PROFILE_DIR"
 
 
-def _stream_left_switched() -> str | None:
-    """Whether the last task left this rank's current CUDA stream other than the default stream (a library call
-    that switched it and raised before switching back): say so, and make the default stream current again."""
+def current_cuda_stream() -> Any:
+    """The calling thread's current CUDA stream, or ``None`` where CUDA is not in use in this process."""
     import torch
 
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return None
-    current, default = torch.cuda.current_stream(), torch.cuda.default_stream()
-    if current == default:
+    return torch.cuda.current_stream()
+
+
+def restore_cuda_stream(expected: Any) -> Any:
+    """If a call left the current CUDA stream other than ``expected`` (a library call that switched it and raised
+    before switching back), make ``expected`` current again and return the stream that was left; else ``None``."""
+    current = current_cuda_stream()
+    if expected is None or current is None or current == expected:
         return None
-    torch.cuda.set_stream(default)
-    return f"left the rank's current CUDA stream switched (stream {current.stream_id}, not the default stream)"
+    import torch
+
+    torch.cuda.set_stream(expected)
+    return current
+
+
+def _stream_left_switched() -> str | None:
+    """Whether the last task left this rank's current CUDA stream other than the default stream: say so (the
+    default stream is current again)."""
+    if current_cuda_stream() is None:
+        return None
+    import torch
+
+    left = restore_cuda_stream(torch.cuda.default_stream())
+    return None if left is None else \
+        f"left the rank's current CUDA stream switched (stream {left.stream_id}, not the default stream)"
 
 
 def _serve(conn: Connection) -> None:

@@ -115,7 +115,7 @@ def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None, str | None]
 
     The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
     """
-    from conformance.world.rank import call_context
+    from conformance.world.rank import call_context, current_cuda_stream, restore_cuda_stream
 
     before = current_cuda_stream()
     kind = message = None
@@ -125,27 +125,13 @@ def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None, str | None]
     except Exception as exc:  # the refusal under test
         kind, message = type(exc).__name__, str(exc)
     finally:
-        side_effect = restore_cuda_stream(before)
+        left = restore_cuda_stream(before)
         env.release()
+    side_effect = None if left is None else (
+        f"left the caller's current CUDA stream switched (stream {left.stream_id} instead of {before.stream_id}); "
+        f"every later call of the thread runs on that stream, and a buffer whose communication stream it is then "
+        f"refuses every call (s_0.id() != s_1.id())")
     return kind, message, side_effect
-
-
-def current_cuda_stream() -> Any:
-    """The calling thread's current CUDA stream, or ``None`` where CUDA is not in use in this process."""
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
-        return None
-    return torch.cuda.current_stream()
-
-
-def restore_cuda_stream(before: Any) -> str | None:
-    """Make ``before`` the current CUDA stream again if a call switched it; say what the call left behind."""
-    after = current_cuda_stream()
-    if before is None or after is None or after == before:
-        return None
-    torch.cuda.set_stream(before)
-    return (f"left the caller's current CUDA stream switched (stream {after.stream_id} instead of "
-            f"{before.stream_id}); every later call of the thread runs on that stream, and a buffer whose "
-            f"communication stream it is then refuses every call (s_0.id() != s_1.id())")
 
 
 def all_names() -> list[str]:
