@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
+from tests.installs import installed_wheel
 from tests.runs import report_of, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +102,9 @@ class CatalogRun:
     proc: subprocess.CompletedProcess
     took: float
     report_dir: Path
+    #: Two nodes: the installed wheel that ran it (``tests.installs.installed_wheel``: wheel, python, cwd) or why
+    #: the checkout ran it instead (skip / error); one node: empty (the checkout runs it).
+    installed: dict[str, str]
 
     @property
     def report(self) -> dict:
@@ -108,11 +112,13 @@ class CatalogRun:
 
 
 #: The whole-catalog runs several self-tests read (API coverage, the serial and the xdist paths, partial runs, the
-#: option spellings), by world: one node where pytest-xdist is not installed (no plug-in autoloads, ``import
-#: xdist`` fails: :data:`NO_XDIST`; only the suite's and Hypothesis' plug-ins named), two nodes with ``-n 2``;
-#: 3 examples per property, seed 0.
+#: option spellings, the installed wheel), by world: one node from the checkout where pytest-xdist is not installed
+#: (no plug-in autoloads, ``import xdist`` fails: :data:`NO_XDIST`; only the suite's and Hypothesis' plug-ins
+#: named), two nodes with ``-n 2`` as a user runs it: the wheel installed in a clean venv, from a folder outside the
+#: checkout, its report in that folder's ``reports/`` (the checkout runs it where no wheel can be installed, and the
+#: wheel's test fails or skips, saying why); 3 examples per property, seed 0.
 CATALOG_RUNS = {1: ["-p", "conformance.plugin", "-p", "hypothesis.extra.pytestplugin", "--nodes", "1"],
-                2: ["-n", "2", "--nodes", "2"]}
+                2: ["--pyargs", "conformance.properties", "-n", "2", "--nodes", "2"]}
 #: A ``sitecustomize`` that makes ``import xdist`` fail, as where the package is not installed.
 NO_XDIST = ("import sys\nclass _NoXdist:\n    def find_spec(self, name, path=None, target=None):\n"
             "        if name == 'xdist' or name.startswith('xdist.'):\n"
@@ -161,7 +167,8 @@ def catalog_runs(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> di
     """The catalog on the emulation, run once per self-test session (the two worlds side by side) for every
     self-test that needs a complete run."""
     runs = once_per_session(tmp_path_factory, worker_id, "catalog-runs", _catalog_runs)
-    return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"])) for nodes, r in runs.items()}
+    return {int(nodes): CatalogRun(process(r["proc"]), r["took"], Path(r["report_dir"]), r["installed"])
+            for nodes, r in runs.items()}
 
 
 #: The run with a planted byte flip that the main job's failure report and the HTML report's self-tests both read:
@@ -194,10 +201,23 @@ def planted_run(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Pla
 
 def _catalog_runs(root: Path) -> dict[int, dict[str, Any]]:
     def run(nodes: int) -> dict[str, Any]:
-        report_dir = root / f"nodes{nodes}"
-        proc, took = run_pytest([*CATALOG_RUNS[nodes], *CATALOG_RUN_OPTIONS, "-q", f"--report-dir={report_dir}"],
-                                env=without_xdist(root / "no-xdist") if nodes == 1 else None)
-        return {"proc": completed(proc), "took": took, "report_dir": str(report_dir)}
+        if nodes == 1:
+            report_dir = root / "nodes1"
+            proc, took = run_pytest([*CATALOG_RUNS[1], *CATALOG_RUN_OPTIONS, "-q", f"--report-dir={report_dir}"],
+                                    env=without_xdist(root / "no-xdist"))
+            return {"proc": completed(proc), "took": took, "report_dir": str(report_dir), "installed": {}}
+        installed = installed_wheel(root / "wheel", ROOT)
+        if "python" in installed:
+            outside = root / "anywhere"
+            outside.mkdir()
+            proc, took = run_pytest([*CATALOG_RUNS[2], *CATALOG_RUN_OPTIONS, "-q", "-p", "no:cacheprovider"],
+                                    cwd=outside, python=installed["python"])
+            installed["cwd"] = str(outside)
+            return {"proc": completed(proc), "took": took, "report_dir": str(outside / "reports"),
+                    "installed": installed}
+        report_dir = root / "nodes2"
+        proc, took = run_pytest(["-n", "2", "--nodes", "2", *CATALOG_RUN_OPTIONS, "-q", f"--report-dir={report_dir}"])
+        return {"proc": completed(proc), "took": took, "report_dir": str(report_dir), "installed": installed}
 
     with ThreadPoolExecutor(len(CATALOG_RUNS)) as pool:
         return dict(zip(CATALOG_RUNS, pool.map(run, CATALOG_RUNS), strict=True))

@@ -75,3 +75,43 @@ def patched_install(requirement: str, name: str, patch_file: Path) -> Path:
         shutil.rmtree(where)
     staging.rename(where)
     return where
+
+
+#: The torch a clean venv takes first, as the README documents (a looser pin pulls a multi-GB CUDA build).
+TORCH = "torch==2.13.0"
+
+
+def installed_wheel(work: Path, root: Path) -> dict[str, str]:
+    """The suite as a user installs it: its wheel, built from a copy of the checkout ``root`` (setuptools builds
+    in-tree: never in the checkout itself), installed into a clean venv after :data:`TORCH`.  Returns
+    ``{"wheel": ..., "python": ...}``, or ``{"skip": why}`` when the wheel cannot be built or torch not installed
+    here (no ``pytest.skip``: the result is shared by the session's tests, see ``once_per_session``)."""
+    work.mkdir(parents=True, exist_ok=True)
+    source = work / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, source / name)
+    shutil.copytree(root / "conformance", source / "conformance", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), cwd=work, capture_output=True, text=True, timeout=900)
+
+    proc = run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), "./src")
+    if proc.returncode != 0:
+        return {"skip": f"could not build the wheel (setuptools from the registry?): {proc.stderr.strip()[-300:]}"}
+    (built,) = (work / "dist").glob("deepep_conformance-*.whl")
+    venv = work / "venv"
+    proc = run(sys.executable, "-m", "venv", str(venv))
+    if proc.returncode != 0:
+        return {"skip": f"python -m venv failed: {proc.stderr.strip()[-300:]}"}
+    # --no-compile: torch's modules are not byte-compiled at install (about 8 s of CPU here); what a run imports is
+    # compiled as it is imported.
+    pip_install = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                   "--no-compile"]
+    proc = run(*pip_install, TORCH)  # first: a looser torch pin pulls a CUDA build
+    if proc.returncode != 0:
+        return {"skip": f"{TORCH} is not installable here: {proc.stderr.strip()[-300:]}"}
+    proc = run(*pip_install, str(built))
+    if proc.returncode != 0:  # not a skip: the wheel itself does not install
+        return {"wheel": str(built), "error": f"pip install of the wheel failed: {proc.stderr.strip()[-2000:]}"}
+    return {"wheel": str(built), "python": str(venv / "bin" / "python")}

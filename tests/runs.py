@@ -18,11 +18,16 @@ RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
 
 
 def run_pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,
-               ) -> tuple[subprocess.CompletedProcess, float]:
-    """Run pytest in its own process group; fail if any process it started outlives it."""
-    env = tagged({**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+               python: str = sys.executable) -> tuple[subprocess.CompletedProcess, float]:
+    """Run pytest in its own process group; fail if any process it started outlives it.  With ``python`` another
+    interpreter (a venv's, with the suite installed) runs it, without the checkout on its path."""
+    base = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if python != sys.executable:
+        for name in ("PYTHONPATH", "CONFORMANCE_DEEP_EP", "VIRTUAL_ENV"):
+            base.pop(name, None)
+    env = tagged({**base, **(env or {})})
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([python, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

@@ -1,52 +1,46 @@
 """The install story: the wheel built from the checkout installs into a clean venv (torch first, as documented) and
-``pytest --pyargs conformance.properties -n auto --nodes 2`` runs from a folder outside the checkout.
+``pytest --pyargs conformance.properties -n 2 --nodes 2`` runs from a folder outside the checkout.
 
-The wheel carries the package and the data a run reads (``conformance/data``: the API-surface snapshot and the
-recorded errors), and nothing else: not the real-library recordings under ``fixtures/`` (only the
-emulation-fidelity self-test reads them), not the self-tests.  (~1.5 min here: most of it installing torch.)
+That run is the session's two-node catalog run (``catalog_runs`` in tests/conftest.py: the API coverage and the
+main job's self-tests read it too), so the installed package is what they measure.  The wheel carries the package
+and the data a run reads (``conformance/data``: the API-surface snapshot and the recorded errors), and nothing else:
+not the real-library recordings under ``fixtures/`` (only the emulation-fidelity self-test reads them), not the
+self-tests.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-#: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
-pytestmark = [pytest.mark.xdist_group("test_integrators_wheel"), pytest.mark.slow]
+pytestmark = pytest.mark.slow  # reads the session's whole-catalog runs: scheduled first (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parent.parent
 #: What a run needs besides the Python modules.
 DATA = ("conformance/data/recorded_errors.json", "conformance/data/api-surface/deep_ep-2.1.0.json",
         "conformance/data/api-surface/deep_ep-2.1.0-signatures.txt")
 MAX_WHEEL_BYTES = 1 << 20
 
 
-def run(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None
-        ) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+@pytest.fixture(scope="module")
+def installed(catalog_runs: dict[int, Any]) -> dict[str, str]:
+    """How the session's two-node catalog run was installed (skips where no wheel could be built or no torch
+    installed, saying why; fails where the wheel itself does not install)."""
+    how = catalog_runs[2].installed
+    if "skip" in how:
+        pytest.skip(how["skip"])
+    assert "error" not in how, how["error"]
+    return how
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of the checkout (setuptools builds in-tree: never in the checkout itself)."""
-    work = tmp_path_factory.mktemp("wheel")
-    source = work / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    shutil.copytree(ROOT / "conformance", source / "conformance", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    proc = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), "./src"], work)
-    if proc.returncode != 0:
-        pytest.skip(f"could not build the wheel (setuptools from the registry?): {proc.stderr.strip()[-300:]}")
-    (built,) = (work / "dist").glob("deepep_conformance-*.whl")
-    return built
+def wheel(installed: dict[str, str]) -> Path:
+    return Path(installed["wheel"])
 
 
 def test_the_wheel_carries_what_a_run_needs_and_nothing_else(wheel: Path) -> None:
@@ -65,27 +59,17 @@ def test_the_wheel_carries_what_a_run_needs_and_nothing_else(wheel: Path) -> Non
     assert "megatron-fused-a2a = conformance.integrations.megatron:MegatronFusedA2A" in entry_points
 
 
-def test_a_clean_venv_runs_the_properties_from_any_folder(wheel: Path, tmp_path: Path) -> None:
-    venv = tmp_path / "venv"
-    proc = run([sys.executable, "-m", "venv", str(venv)], tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    # --no-compile: torch's modules are not byte-compiled at install (about 8 s of CPU here); what the run imports
-    # is compiled as it is imported.
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile"]
-    proc = run([*pip, "torch==2.13.0"], tmp_path, timeout=900)  # first: a looser torch pin pulls a CUDA build
-    if proc.returncode != 0:
-        pytest.skip(f"torch==2.13.0 is not installable here: {proc.stderr.strip()[-300:]}")
-    proc = run([*pip, str(wheel)], tmp_path, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    outside = tmp_path / "anywhere"
-    outside.mkdir()
+def test_a_clean_venv_runs_the_properties_from_any_folder(installed: dict[str, str], catalog_runs) -> None:
+    python, outside = Path(installed["python"]), Path(installed["cwd"])
+    venv = python.parent.parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "CONFORMANCE_DEEP_EP")}
-    where = run([str(venv / "bin" / "python"), "-c", "import conformance; print(conformance.__file__)"], outside,
-                env=env)
+    where = subprocess.run([str(python), "-c", "import conformance; print(conformance.__file__)"], cwd=outside,
+                           capture_output=True, text=True, timeout=120, env=env)
     assert where.stdout.strip().startswith(str(venv)), where.stdout + where.stderr
-    proc = run([str(venv / "bin" / "pytest"), "--pyargs", "conformance.properties", "-n", "auto", "--nodes", "2",
-                "--max-examples", "2", "-p", "no:cacheprovider"], outside, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    run = catalog_runs[2]
+    assert run.proc.args[:3] == [str(python), "-m", "pytest"] and "--pyargs" in run.proc.args, run.proc.args
+    assert run.proc.returncode == 0, run.proc.stdout[-4000:] + run.proc.stderr[-2000:]
+    assert run.report_dir == outside / "reports"  # the default report folder, in the folder it ran from
     report = json.loads((outside / "reports" / "conformance.json").read_text())
     assert report["complete"] and report["summary"]["failed"] == 0, report["summary"]
     assert report["environment"]["nodes"] == 2
