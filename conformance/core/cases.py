@@ -353,6 +353,53 @@ class SequenceCase:
 
 
 @dataclass(frozen=True)
+class BackToBackCase(ExampleCase):
+    """P28: rounds of a dispatch then a combine on one buffer per backend, issued back to back (no barrier between
+    them).  The first round is ``example``; each later one is ``example`` with that round's ``later_tokens`` (clamped
+    to the pinned maximum, so a case snapped to a smaller shape stays valid), payloads from ``seed + round``, the
+    drawn routing refitted (``Example.reshaped``).  In round ``i`` rank ``late[i]`` (-1: none) sleeps ``delay_ms``
+    before its dispatch, while the others are already in theirs."""
+
+    DELAYS_MS: ClassVar[tuple[int, ...]] = (100, 20, 0)
+    later_tokens: tuple[tuple[int, ...], ...] = ()
+    late: tuple[int, ...] = (-1,)
+    delay_ms: int = 0
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Inverse of :meth:`to_json`."""
+        case = super().from_json(text)
+        return dataclasses.replace(case, later_tokens=tuple(tuple(t) for t in case.later_tokens),
+                                   late=tuple(case.late))
+
+    @property
+    def num_rounds(self) -> int:
+        return 1 + len(self.later_tokens)
+
+    def rounds(self) -> list[Example]:
+        """The example of every round, in order."""
+        cap = self.example.num_max_tokens_per_rank
+        out = [self.example]
+        for i, tokens in enumerate(self.later_tokens, 1):
+            shaped = self.example.reshaped(tokens_per_rank=tuple(min(t, cap) for t in tokens))
+            out.append(dataclasses.replace(shaped, seed=(self.example.seed + i) % 2**32))
+        return out
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless every round is a valid example of the world and the late ranks are ranks."""
+        super().validate()
+        for tokens in self.later_tokens:
+            if len(tokens) != self.world_size or min(tokens, default=0) < 0:
+                raise ValueError(f"later_tokens has {tokens}: one count of 0 or more per rank of {self.world_size}")
+        if len(self.late) != self.num_rounds or any(not -1 <= r < self.world_size for r in self.late):
+            raise ValueError(f"late={self.late} must name one rank (or -1) for each of the {self.num_rounds} rounds")
+        if self.delay_ms not in self.DELAYS_MS:
+            raise ValueError(f"delay_ms={self.delay_ms} must be one of {self.DELAYS_MS}")
+        for example in self.rounds()[1:]:
+            example.validate()
+
+
+@dataclass(frozen=True)
 class SoakCase(ExampleCase):
     """P31 (soak mode): an example dispatched and combined back ``repetitions`` times on the same buffers."""
 
