@@ -16,6 +16,7 @@ import torch
 from . import _checks, _exchange, _ll_buffer, _refusals, _sizing
 from ._ll_buffer import LowLatencyBuffer, barrier, exchange_with_masks, fits, layout
 from ._refusals import check, refuse
+from ._uninit import uninitialised
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, defer
 
@@ -377,9 +378,11 @@ class LowLatencyMixin:
         def receive() -> None:
             """The receive phase: per (local expert, source) the block the count word announces, the statistics."""
             masked = state.masked()  # read by every receiving warp group before any of them times out
-            recv_x = torch.zeros((num_local, rows_per_expert, hidden), dtype=payload_dtype, device=device)
-            recv_scales = torch.zeros((num_local, rows_per_expert, num_scales), dtype=torch.float32, device=device)
-            src_info = torch.zeros((num_local, rows_per_expert), dtype=torch.int32, device=device)
+            # torch::empty in the library (csrc/legacy/buffer.hpp, low_latency_dispatch): the kernel writes each local
+            # expert's first recv_count rows only; the rows past them stay uninitialised (0x7F bytes here, _uninit)
+            recv_x = uninitialised((num_local, rows_per_expert, hidden), payload_dtype, device)
+            recv_scales = uninitialised((num_local, rows_per_expert, num_scales), torch.float32, device)
+            src_info = uninitialised((num_local, rows_per_expert), torch.int32, device)
             layout_range = torch.zeros((num_local, num_ranks), dtype=torch.int64, device=device)
             recv_count = torch.zeros(num_local, dtype=torch.int32, device=device)
             timed_out: set[int] = set()
@@ -418,6 +421,9 @@ class LowLatencyMixin:
                 state.time_out(s)
             if use_fp8 and use_ue8m0:
                 packed_scales = column_major(pack_ue8m0(ue8m0_bytes(recv_scales)))
+                for e in range(num_local):  # the packed bytes of the unwritten rows: unwritten too
+                    past = packed_scales[e, min(max(int(recv_count[e]), 0), rows_per_expert):]
+                    past.copy_(uninitialised(tuple(past.shape), past.dtype, device))
             else:
                 packed_scales = column_major(recv_scales) if use_fp8 else None
             for out, value in zip(outputs, [recv_x, packed_scales, recv_count, src_info, layout_range], strict=True):

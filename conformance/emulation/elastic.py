@@ -18,7 +18,7 @@ import torch.distributed as dist
 from . import _checks, _exchange, _refusals, _route, _sizing
 from ._refusals import check
 from ._topology import Topology, get_topology
-from ._uninit import pad_filled, pad_uninitialised
+from ._uninit import pad_uninitialised, uninitialised
 from .seams import seam
 from .utils.event import EventHandle, EventOverlap, async_outputs
 
@@ -58,6 +58,23 @@ def _event_arguments_ok(*events: object) -> bool:
     return all(e is None or isinstance(e, EventHandle) for e in events)
 
 
+def _unpadded_gaps(plan: dict) -> None:
+    """Expand mode without ``do_zero_padding``: the alignment gaps between experts (rows no top-k slot of a received
+    token points at) are never written by the library (dispatch_copy_epilogue.cuh zeroes them only with
+    ``do_zero_padding``; the tensors are ``torch::empty``): uninitialised here too (0x7F bytes, ``_uninit``)."""
+    recv_x = plan["recv_x"]
+    used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
+    slots = plan["metadata"][:, 2:].to(torch.int64)
+    used[slots[slots >= 0]] = True
+    gaps = torch.nonzero(~used).flatten()
+    if gaps.numel() == 0:
+        return
+    for name in ("recv_x", "recv_sf", "recv_topk_weights"):
+        t = plan.get(name)
+        if t is not None:
+            t[gaps] = uninitialised((gaps.numel(),) + tuple(t.shape[1:]), t.dtype, t.device)
+
+
 def _worst_expanded(num_ranks: int, num_max: int, num_topk: int, num_local: int, alignment: int) -> int:
     """The expanded rows a dispatch without CPU sync allocates (csrc/elastic/buffer.hpp:1064-1067)."""
     rows = num_ranks * num_max * min(num_topk, num_local) + (alignment - 1) * num_local
@@ -68,13 +85,13 @@ def _worst_case(plan: dict, num_recv_tokens: int, num_expanded_tokens: int, do_e
     """Pad the received tensors to the rows the library allocates without a CPU sync (or from a cached handle):
     the valid rows first (``psum_num_recv_tokens_per_scaleup_rank[-1]`` of them), then rows the library leaves
     uninitialised (``torch::empty``, csrc/elastic/buffer.hpp:1064-1109): uninitialised here too (``_uninit``: 0x7F
-    bytes) for payloads, scales, weights and top-k indices; the metadata's rows -1 (the emulation's own combine reads
-    them; see DIVERGENCES.md).  ``num_recv_tokens_per_expert_list`` is empty (the counts were never read on the
-    host)."""
+    bytes) for payloads, scales, weights, top-k indices and ``recv_src_metadata`` (combine reads the valid rows only:
+    ``psum_num_recv_tokens_per_scaleup_rank[-1]`` of them, as the kernels read it on the device).
+    ``num_recv_tokens_per_expert_list`` is empty (the counts were never read on the host)."""
     rows = num_expanded_tokens if do_expand else num_recv_tokens
     for name in ("recv_x", "recv_sf", "recv_topk_weights", "recv_topk_idx"):
         plan[name] = pad_uninitialised(plan[name], rows)
-    plan["metadata"] = pad_filled(plan["metadata"], num_recv_tokens, -1)
+    plan["metadata"] = pad_uninitialised(plan["metadata"], num_recv_tokens)
     plan["num_recv_tokens"], plan["num_expanded_tokens"], plan["aligned"] = num_recv_tokens, num_expanded_tokens, []
 
 
@@ -455,6 +472,8 @@ class ElasticBuffer:
             expert_alignment,
             do_expand,
         )
+        if do_expand and not do_zero_padding:
+            _unpadded_gaps(plan)
         if not cached and do_cpu_sync is not None and not do_cpu_sync:
             _worst_case(plan, self.num_ranks * num_max_tokens_per_rank, _worst_expanded(
                 self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], num_experts // self.num_ranks,
@@ -685,6 +704,8 @@ class ElasticBuffer:
             "metadata": metadata,
         }
         if not do_expand:
+            # columns 2.. are not written in non-expand mode (the real buffer shows stale values of earlier calls)
+            metadata[:, 2:] = uninitialised((n, topk_idx.shape[1]), torch.int32, device)
             plan["psum_expert"] = (
                 torch.cumsum(torch.tensor(aligned, dtype=torch.int64), 0).to(torch.int32).to(device)
             )
@@ -762,7 +783,10 @@ class ElasticBuffer:
             if event is not None:
                 event.current_stream_wait()
 
-        meta = handle.recv_src_metadata
+        # the kernels read the valid rows only (their count on the device: the handle's last scale-up prefix sum);
+        # past them a no-sync handle's metadata is uninitialised
+        psum = handle.psum_num_recv_tokens_per_scaleup_rank
+        meta = handle.recv_src_metadata[: int(psum[-1]) if psum.numel() else 0]
         n_max = handle.num_max_tokens_per_rank
         gidx = meta[:, 0].to(torch.int64)
         num_topk = handle.topk_idx.shape[1]
@@ -783,7 +807,7 @@ class ElasticBuffer:
                 send_slot = torch.full((send_g.numel(),), -1, dtype=torch.int64, device=x.device)
         else:
             n = meta.shape[0]
-            send_x, send_g = x, gidx
+            send_x, send_g = x[:n], gidx
             send_slot = torch.full((n,), -1, dtype=torch.int64, device=x.device)
             send_w = None if topk_weights is None else topk_weights[:n]
         parts, _ = _exchange.return_to_sources(

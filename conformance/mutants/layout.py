@@ -275,7 +275,9 @@ def garble_expand_padding(out: tuple, n: int) -> None:
     if not handle.do_expand or not isinstance(recv_x, torch.Tensor):
         return
     used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
-    pointers = handle.recv_src_metadata[:, 2:].to(torch.int64)
+    # the valid rows' pointers only: past them a no-sync handle's metadata is uninitialised
+    valid = int(handle.psum_num_recv_tokens_per_scaleup_rank[-1])
+    pointers = handle.recv_src_metadata[:valid, 2:].to(torch.int64)
     used[pointers[pointers >= 0]] = True
     pad = ~used
     if not bool(pad.any()):

@@ -10,7 +10,8 @@ the valid rows hold exactly the oracle's receipts (sources, local experts, bytes
 of a no-sync layout, folded back in the oracle's segments); with ``do_zero_padding`` every alignment gap is +0.0
 (P20's check).  Nothing is asserted of the rows past the valid ones or of the gaps
 without ``do_zero_padding``: the report says, per backend, variant, output and region, what a reader got there
-(artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1, or other bytes).  On the real
+(artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1, or other bytes), the handle's
+``recv_src_metadata`` included (its rows past the valid ones; without expand its columns 2..).  On the real
 2.1.0 (csrc/elastic/buffer.hpp:1064-1109, ``torch::empty``) those rows are uninitialised: mask them by the valid
 count (``psum_num_recv_tokens_per_scaleup_rank[-1]``, or ``recv_topk_idx`` only below it) before computing on them.
 """
@@ -96,6 +97,14 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
                                 ("recv_topk_weights", view.topk_weights)):
                     if t.shape[0] == view.x.shape[0] and (what := describe(t[index])) is not None:
                         ctx.record_seen(KEY, backend, f"{variant} {name}[{region}]", what)
+            # the handle's recv_src_metadata: its rows past the valid ones, and (not expand) its columns 2..
+            meta = v2_layout(view).recv_src_metadata
+            metadata_regions = {"recv_src_metadata[tail]": meta[valid:]}
+            if variant == "rows":
+                metadata_regions["recv_src_metadata[:valid, 2:]"] = meta[:valid, 2:]
+            for region, t in metadata_regions.items():
+                if (what := describe(t)) is not None:
+                    ctx.record_seen(KEY, backend, f"{variant} {region}", what)
 
     for_each_backend(ctx, example, per_rank, one)
 
