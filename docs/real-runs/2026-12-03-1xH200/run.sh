@@ -16,6 +16,11 @@
 #             .jitcache/jit-cache.tar.xz.part-* (carried); its warm-up marker makes the warm-up skip (issue 25's warm
 #             figure)
 #   megatron-late  the wrapper's P13 and P25 on the kernel cache in place (after warm)
+#   integrators  issue 27's properties (P26 worst-case outputs read whole, P27 fresh groups, P28 back to back) and P12
+#             (which now names a call that leaves the CUDA stream switched) on real-v1,real-v2,emulated-v1,emulated-v2,
+#             15 examples, on the kernel cache in place
+#   record    fixtures/record.py --sections integrator_calls on the real library (two ranks sharing the GPU): the
+#             recording the emulation-fidelity self-test replays ($OUT/record/rank{0,1}.pt, log.txt)
 # T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -56,6 +61,18 @@ for part in ${PARTS:-megatron}; do
       JITLOG= run_part megatron-late --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 \
         --deep-ep real --max-examples 10 --conformance-seed 2405 --warm-up off \
         ${LATE:-conformance/properties/test_p25_clean_exit.py} ;;
+    integrators)  # issue 27 (and P12's stream check), beside the emulation
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
+      run_part integrators --backends real-v1,real-v2,emulated-v1,emulated-v2 --deep-ep real --max-examples 15 \
+        --conformance-seed 2701 conformance/properties/test_p26_worst_case_whole.py \
+        conformance/properties/test_p27_fresh_groups.py conformance/properties/test_p28_back_to_back.py \
+        conformance/properties/test_p12_bad_input.py ;;
+    record)  # the recorder's issue-27 section on the real library
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
+      mkdir -p "$OUT/record"; rm -rf /tmp/rec-integrators
+      timeout -s TERM -k 30 "${TM:-$T}" python3 fixtures/record.py --out /tmp/rec-integrators --nproc 2 \
+        --rank-setup shared --sections integrator_calls 2>&1 | tee "$OUT/record/log.txt"
+      for f in rank0.pt rank1.pt; do [ -f "/tmp/rec-integrators/$f" ] && cp "/tmp/rec-integrators/$f" "$OUT/record/"; done ;;
     catalog|warm)  # python -m benchmarks --device cuda --only catalog: the run and its figures
       export EP_JIT_CACHE_DIR=/tmp/jit-catalog
       cold=--cold; seed=2503
