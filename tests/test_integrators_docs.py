@@ -61,10 +61,18 @@ def test_the_minimal_plugin_example_runs_as_printed(tmp_path: Path) -> None:
     assert any("'combine_weights'" in note for note in verdicts["P5-combine"]["not_checked"])
 
 
-def probe(target: str, *extra: str, deep_ep: str | None = "emulation") -> dict:
-    args = [sys.executable, "-m", "conformance.backends.plugins", target] + ([deep_ep] if deep_ep else [])
-    proc = subprocess.run(args, env=env_for(*extra), capture_output=True, text=True, timeout=120)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+#: ``conformance.backends.plugins.probe`` of several targets in one fresh interpreter (what
+#: ``python -m conformance.backends.plugins TARGET emulation`` prints for each; one process instead of one each).
+PROBES = ("import json, sys\nfrom conformance.backends.plugins import probe\n"
+          "for target in sys.argv[1:]:\n    print(json.dumps(probe(target, 'emulation')))\n")
+
+
+def probes(targets: list[str], *extra: str) -> dict[str, dict]:
+    proc = subprocess.run([sys.executable, "-c", PROBES, *targets], env=env_for(*extra), capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()[-len(targets):]
+    assert len(lines) == len(targets), proc.stdout[-2000:] + proc.stderr[-2000:]
+    return {target: json.loads(line) for target, line in zip(targets, lines, strict=True)}
 
 
 def test_a_declaration_is_read_and_checked(tmp_path: Path) -> None:
@@ -75,12 +83,13 @@ def test_a_declaration_is_read_and_checked(tmp_path: Path) -> None:
         "def undeclared(env):\n    return None\n"
         "@declare(api='v2', capabilities=['expand'], uses_deep_ep=False)\n"
         "def fine(env):\n    return None\n")
-    path = str(tmp_path)
-    assert "api='v3'" in probe("bad_plugins:V3", path)["error"]
-    assert "qp_cap" in probe("bad_plugins:Qp", path)["error"] and "built-in" in probe("bad_plugins:Qp", path)["error"]
-    assert "not a plug-in factory" in probe("bad_plugins:undeclared", path)["error"]
-    assert "No module named" in probe("no_such_module:make", path)["error"]
-    fine = probe("bad_plugins:fine", path)
+    got = probes(["bad_plugins:V3", "bad_plugins:Qp", "bad_plugins:undeclared", "no_such_module:make",
+                  "bad_plugins:fine"], str(tmp_path))
+    assert "api='v3'" in got["bad_plugins:V3"]["error"]
+    assert "qp_cap" in got["bad_plugins:Qp"]["error"] and "built-in" in got["bad_plugins:Qp"]["error"]
+    assert "not a plug-in factory" in got["bad_plugins:undeclared"]["error"]
+    assert "No module named" in got["no_such_module:make"]["error"]
+    fine = got["bad_plugins:fine"]
     assert fine["importable"] and fine["api"] == "v2" and fine["capabilities"] == ["expand"]
     assert fine["uses_deep_ep"] is False
 

@@ -64,7 +64,8 @@ def _out_of_order(refs: list[int]) -> bool:
 
 
 def test_p30_strategy_reaches_its_corners() -> None:
-    generous = settings(FIND_SETTINGS, max_examples=1000)
+    # reached is enough: no shrinking of what was found (find() raises NoSuchExample where a corner is not reached)
+    generous = settings(FIND_SETTINGS, max_examples=1000, phases=[Phase.generate])
     strategy = sequence_cases(2)
     # a combine chained on the event of its dispatch still in flight
     find(strategy, lambda c: any(s.op == "combine" and s.after == s.ref for s in c.steps), settings=generous)
@@ -73,7 +74,7 @@ def test_p30_strategy_reaches_its_corners() -> None:
          and any(s.op == "wait" for s in c.steps), settings=generous)
     # combine out of dispatch order: a later combine reads an older dispatch than an earlier one (2-3% of draws)
     find(strategy, lambda c: _out_of_order([s.ref for s in c.steps if s.op == "combine"]),
-         settings=settings(FIND_SETTINGS, max_examples=3000))
+         settings=settings(generous, max_examples=3000))
     # a destroyed buffer used after a re-create; an autograd round trip
     find(strategy, lambda c: [s.op for s in c.steps].count("create") >= 2
          and any(s.op == "use_destroyed" for s in c.steps), settings=generous)
