@@ -14,6 +14,7 @@ would bring back the duplicates this module replaced.)
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from conformance.canonical import Token, receipts_from_view
-from conformance.core.example import Example, build_all_inputs
+from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, Raised, Unsupported
 from conformance.oracle import ExpectedSum, Receipts, expected_receipts
 from conformance.oracle.bounds import reduction_bound
@@ -358,6 +359,18 @@ def assert_same_tokens(view: DispatchView, expected: Sequence[Token], *, rank: i
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _all_inputs(example: Example) -> list[RankInputs]:
+    return build_all_inputs(example)
+
+
+@functools.lru_cache(maxsize=16)
+def _oracle_receipts(example: Example, rank: int) -> Receipts:
+    """The oracle's receipts of ``rank`` (read only; cached: a check compares several backends' and calls' views of
+    one example with them, every rank's from the same inputs)."""
+    return expected_receipts(example, _all_inputs(example), rank)
+
+
 def assert_view_matches_oracle(recorder: RecordsUnsupported, example: Example, rank: int,
                                view: DispatchView | Unsupported, *, after: str = "") -> DispatchView | None:
     """``view`` holds the oracle's receipts for ``rank`` (an :class:`Unsupported` view is recorded, not failed)."""
@@ -365,7 +378,7 @@ def assert_view_matches_oracle(recorder: RecordsUnsupported, example: Example, r
     if isinstance(view, Unsupported):
         recorder.record_unsupported(view, example)
         return None
-    expected = expected_receipts(example, build_all_inputs(example), rank)
+    expected = _oracle_receipts(example, rank)
     call = view.call + (f" (the call right after {after})" if after else "")
     assert_receipts_equal(receipts_from_view(view), expected, rank=rank, call=call)
     return view

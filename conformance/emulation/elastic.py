@@ -58,15 +58,21 @@ def _event_arguments_ok(*events: object) -> bool:
     return all(e is None or isinstance(e, EventHandle) for e in events)
 
 
+def expand_padding_rows(num_rows: int, slots: torch.Tensor) -> torch.Tensor:
+    """The rows of an expand-mode output of ``num_rows`` rows that no top-k slot points at (``slots``: the valid
+    rows' ``recv_src_metadata[:, 2:]``, -1 where the slot is not local): the alignment gaps between experts and, in a
+    worst-case allocation, the rows after the last expert."""
+    used = torch.zeros(num_rows, dtype=torch.bool, device=slots.device)
+    pointers = slots.to(torch.int64)
+    used[pointers[pointers >= 0]] = True
+    return torch.nonzero(~used).flatten()
+
+
 def _unpadded_gaps(plan: dict) -> None:
     """Expand mode without ``do_zero_padding``: the alignment gaps between experts (rows no top-k slot of a received
     token points at) are never written by the library (dispatch_copy_epilogue.cuh zeroes them only with
     ``do_zero_padding``; the tensors are ``torch::empty``): uninitialised here too (0x7F bytes, ``_uninit``)."""
-    recv_x = plan["recv_x"]
-    used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
-    slots = plan["metadata"][:, 2:].to(torch.int64)
-    used[slots[slots >= 0]] = True
-    gaps = torch.nonzero(~used).flatten()
+    gaps = expand_padding_rows(plan["recv_x"].shape[0], plan["metadata"][:, 2:])
     if gaps.numel() == 0:
         return
     for name in ("recv_x", "recv_sf", "recv_topk_weights"):

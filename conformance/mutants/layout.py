@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from conformance.emulation import ElasticBuffer
+from conformance.emulation.elastic import expand_padding_rows
 from conformance.mutants.patching import call_argument, seam, through
 from conformance.mutants.registry import register
 
@@ -274,13 +275,10 @@ def garble_expand_padding(out: tuple, n: int) -> None:
     recv_x, weights, handle = out[0], out[2], out[3]
     if not handle.do_expand or not isinstance(recv_x, torch.Tensor):
         return
-    used = torch.zeros(recv_x.shape[0], dtype=torch.bool, device=recv_x.device)
     # the valid rows' pointers only: past them a no-sync handle's metadata is uninitialised
     valid = int(handle.psum_num_recv_tokens_per_scaleup_rank[-1])
-    pointers = handle.recv_src_metadata[:valid, 2:].to(torch.int64)
-    used[pointers[pointers >= 0]] = True
-    pad = ~used
-    if not bool(pad.any()):
+    pad = expand_padding_rows(recv_x.shape[0], handle.recv_src_metadata[:valid, 2:])
+    if pad.numel() == 0:
         return
     recv_x.view(torch.uint8).view(recv_x.shape[0], -1)[pad] = (0xFF - n) % 256
     if weights is not None:

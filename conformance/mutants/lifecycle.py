@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from conformance.emulation.elastic import collect_at_exit
-from conformance.mutants.patching import seam
+from conformance.mutants.patching import after_library_dispatch, seam
 from conformance.mutants.registry import register
 
 #: The buffers the planted leak keeps (as a library-global registry would).
@@ -36,13 +36,10 @@ def fresh_group_dispatch_corrupt() -> Iterator[None]:
 
     from conformance.world.rank import context
 
-    def dispatch(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
+    def corrupt(buffer: Any, recv_x: torch.Tensor, seconds: float) -> None:
         world = context()
-        recv_x = result[0][0] if isinstance(result[0], tuple) else result[0]
-        if self.group is not world.group and world.rank == world.world_size - 1 and recv_x.shape[0] > 0:
+        if buffer.group is not world.group and world.rank == world.world_size - 1 and recv_x.shape[0] > 0:
             recv_x.view(-1).view(torch.uint8)[0] ^= 0x01
-        return result
 
-    with seam("Buffer.dispatch", dispatch), seam("ElasticBuffer.dispatch", dispatch):
+    with after_library_dispatch(corrupt):
         yield

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -133,6 +134,23 @@ def renamed_export(old: str, new: str) -> Iterator[None]:
     namespace = vars(emulation)
     with mock.patch.dict(namespace):
         namespace[new] = namespace.pop(old)
+        yield
+
+
+@contextlib.contextmanager
+def after_library_dispatch(edit: Callable[[Any, torch.Tensor, float], None]) -> Iterator[None]:
+    """While active, both APIs' ``dispatch`` (entry points ``Buffer.dispatch``, ``ElasticBuffer.dispatch``) end with
+    ``edit(buffer, recv_x, seconds)``: the received payload as the library returns it (the FP8 payload of an
+    ``(x, scales)`` pair), edited in place, and how long the call took.  Unlike :func:`patch_dispatch_views`, every
+    caller sees the edit (the handle's rows, a wrapper over the library)."""
+
+    def dispatch(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        result = original(self, *args, **kwargs)
+        edit(self, result[0][0] if isinstance(result[0], tuple) else result[0], time.monotonic() - started)
+        return result
+
+    with seam("Buffer.dispatch", dispatch), seam("ElasticBuffer.dispatch", dispatch):
         yield
 
 

@@ -4,7 +4,6 @@ combined rows are read only after the last round (each round's outputs must outl
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +39,9 @@ def back_to_back_rounds(env: RankEnv) -> dict[str, Any]:
             combined_x, _ = adapter.combine(raw, raw["recv_x"])
             call = (f"round {i + 1} of {len(rounds)}: {adapter.describe_combine(example, env.rank)}, after "
                     f"{view.call}")
-            made.append(Round(view, CombineResult(call, combined_x, None,
-                                                  reduction_group=reduction_group(adapter, raw))))
-        return [dataclasses.replace(r, combined=dataclasses.replace(r.combined, combined_x=r.combined.combined_x.cpu()))
-                for r in made]
+            made.append((view, call, combined_x, reduction_group(adapter, raw)))
+        # read only now, after the last round
+        return [Round(view, CombineResult(call, x.cpu(), None, reduction_group=group))
+                for view, call, x, group in made]
 
     return env.each_backend("dispatch", run, capability="combine", also=("combine",))
