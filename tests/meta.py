@@ -30,16 +30,18 @@ def fails(session: Session, property_id: str, example: Example, mutant: str | No
 
 def assert_caught(
     session: Session, property_id: str, mutant: str, strategy: st.SearchStrategy[Example],
-    max_examples: int = FIND_SETTINGS.max_examples,
+    max_examples: int = FIND_SETTINGS.max_examples, shrink: bool = True,
 ) -> tuple[Example, str]:
     """Find (and shrink) an example on which ``property_id`` fails with ``mutant`` planted (within ``max_examples``
-    draws: more for a mutant only a few percent of the draws reach).
+    draws: more for a mutant only a few percent of the draws reach).  ``shrink=False``: the first one found, for a
+    meta-test whose assertions hold on any failing example (each shrinking step is a call on the world).
 
     Also checks the property holds on that very example without the mutant, so the failure is the mutant's.
     Returns the shrunk example and the failure message.
     """
     example = find(strategy, lambda ex: fails(session, property_id, ex, mutant) is not None,
-                   settings=settings(FIND_SETTINGS, max_examples=max_examples))
+                   settings=settings(FIND_SETTINGS, max_examples=max_examples,
+                                     phases=FIND_SETTINGS.phases if shrink else [Phase.generate]))
     message = fails(session, property_id, example, mutant)
     assert message is not None
     clean = fails(session, property_id, example, None)

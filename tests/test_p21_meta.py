@@ -51,7 +51,7 @@ def test_three_levels_by_hand_round_where_two_do_not() -> None:
 @pytest.mark.parametrize("mutant", ["multiple-reduction-ignored", "single-reduction-ignored"])
 def test_catches_an_ignored_allow_multiple_reduction_on_one_node(emulated_session, mutant: str) -> None:
     """On one node only the expand-mode combine tells the trees apart (a rank with two rows of one token)."""
-    case, message = assert_caught(emulated_session, PID, mutant, buffer_option_cases(2))
+    case, message = assert_caught(emulated_session, PID, mutant, buffer_option_cases(2), shrink=False)
     assert "do_expand=True" in message and "reduction tree" in message, message
     wanted = "allow_multiple_reduction=False" if mutant == "single-reduction-ignored" else "expanded slots"
     assert wanted in message and multi_local_slots(case.example), message
@@ -71,7 +71,8 @@ def test_catches_a_per_node_rounding_without_allow_multiple_reduction_on_two_nod
 
 
 def test_catches_a_size_hint_that_sizes_the_combine_in_fp8(emulated_session) -> None:
-    case, message = assert_caught(emulated_session, PID, "fp8-hint-sizes-combine-in-fp8", buffer_option_cases(2))
+    case, message = assert_caught(emulated_session, PID, "fp8-hint-sizes-combine-in-fp8", buffer_option_cases(2),
+                                  shrink=False)
     assert "use_fp8_dispatch=True" in message and "the size hint" in message, message
     assert case.size_tokens * case.size_hidden > 0
 
