@@ -35,17 +35,17 @@ def minus_one_slots(example: Example) -> tuple[int, int]:
 
 
 def test_p4_catches_a_zeroed_live_weight(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P4, "zero-one-live-weight", layout_examples(2))
+    _, message = assert_caught(emulated_session, P4, "zero-one-live-weight", layout_examples(2), shrink=False)
     assert "= 0.0 (0x00000000), expected the sender's weight" in message and "a local expert" in message
 
 
 def test_p4_fails_when_v2_writes_zero_at_minus_one_slots(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P4, "v2-zeroes-minus-one-weights", layout_examples(2))
+    _, message = assert_caught(emulated_session, P4, "v2-zeroes-minus-one-weights", layout_examples(2), shrink=False)
     assert "V2 changed its own behaviour" in message and "ElasticBuffer.dispatch(" in message
 
 
 def test_p4_fails_when_v1_keeps_weights_at_minus_one_slots(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P4, "v1-keeps-minus-one-weights", layout_examples(2))
+    _, message = assert_caught(emulated_session, P4, "v1-keeps-minus-one-weights", layout_examples(2), shrink=False)
     assert "V1 changed its own behaviour" in message and "Buffer.dispatch(" in message
 
 

@@ -21,19 +21,20 @@ def test_p10_catches_an_ignored_previous_event(emulated_session) -> None:
 
 
 def test_p10_catches_an_event_overlap_that_does_not_wait_on_exit(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P10, "event-overlap-exit-no-wait", small_examples(2))
+    _, message = assert_caught(emulated_session, P10, "event-overlap-exit-no-wait", small_examples(2), shrink=False)
     # the exit neither waits nor lets the event go: whichever the shrunk case shows first
     assert "`with event(release_handle=True):`" in message
     assert "synchronous combine" in message or "event released" in message
 
 
 def test_p10_catches_an_ignored_release_handle(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P10, "release-handle-ignored", small_examples(2))
+    _, message = assert_caught(emulated_session, P10, "release-handle-ignored", small_examples(2), shrink=False)
     assert "event released" in message and "release_handle=True" in message
 
 
 def test_p10_catches_a_call_that_drops_release_handle(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P10, "event-call-drops-release-handle", small_examples(2))
+    _, message = assert_caught(
+        emulated_session, P10, "event-call-drops-release-handle", small_examples(2), shrink=False)
     assert "event released" in message and "`with event(release_handle=True):`" in message
 
 
@@ -43,12 +44,13 @@ def test_p10_catches_a_hook_run_before_the_wait(emulated_session) -> None:
 
 
 def test_p10_catches_a_layout_that_ignores_previous_event(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P10, "layout-ignores-previous-event", small_examples(2))
+    _, message = assert_caught(emulated_session, P10, "layout-ignores-previous-event", small_examples(2), shrink=False)
     assert "get_dispatch_layout(topk_idx written by a compute" in message and "synchronous layout" in message
 
 
 def test_p10_catches_a_barrier_that_does_not_wait(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, P10, "barrier-returns-early-unless-sequential", small_examples(2))
+    _, message = assert_caught(
+        emulated_session, P10, "barrier-returns-early-unless-sequential", small_examples(2), shrink=False)
     assert "ranks that had entered the barrier = 1, expected 2" in message and "sequential=False" in message
 
 

@@ -43,7 +43,7 @@ def test_catches(emulated_session, mutant: str, expected: str) -> None:
 def test_catches_the_leak_of_a_handle_not_copied_into_cached_dispatch_and_combine(emulated_session) -> None:
     """Where tokens move, the caller's later change shows in what the handle does, before the aliasing check."""
     moving = dispatch_option_examples(2).filter(lambda e: sum(e.tokens_per_rank) > 0 and e.mask_ratio == 0.0)
-    _, message = assert_caught(emulated_session, PID, "handle-not-copied", moving)
+    _, message = assert_caught(emulated_session, PID, "handle-not-copied", moving, shrink=False)
     assert "the caller overwrote its topk_idx with -1 right after the dispatch" in message, message
 
 

@@ -18,7 +18,7 @@ def test_catches_an_ignored_epilogue_event(emulated_session) -> None:
 
 
 def test_catches_a_dropped_wrong_type_refusal(emulated_session) -> None:
-    _, message = assert_caught(emulated_session, PID, "refusal-dropped-event-type", epilogue_examples(2))
+    _, message = assert_caught(emulated_session, PID, "refusal-dropped-event-type", epilogue_examples(2), shrink=False)
     assert "v2_dispatch_event_type" in message and "TypeError" in message, message
 
 

@@ -21,7 +21,7 @@ PID = "P25-clean-exit"
 
 
 def test_catches_a_destroy_that_leaves_the_buffer_to_the_destructor(emulated_session) -> None:
-    case, message = assert_caught(emulated_session, PID, "v2-destroy-leaves-the-runtime", exit_cases(2))
+    case, message = assert_caught(emulated_session, PID, "v2-destroy-leaves-the-runtime", exit_cases(2), shrink=False)
     assert case.scenario == "teardown", case
     assert "emulated-v2" in message and "illegal memory access" in message and "SIGABRT" in message, message
 
