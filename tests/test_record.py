@@ -45,6 +45,7 @@ RUN_FIELDS = {
     "ll_combine": ("options", "combined_x", "hook_returned"),
     "errors": ("errors", "returned"),
     "value": (),
+    "graph": ("api",),
 }
 #: The bad calls the brief names, by section: every one must be recorded (raised or returned).
 BAD_CALLS = {

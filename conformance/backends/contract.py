@@ -132,6 +132,36 @@ class AdapterBase:
 
         return FusedCombine.apply(x, self, raw)
 
+    def graph_capture(self, step: Any, static: list[torch.Tensor]) -> Any:
+        """``step(*static)`` captured in a CUDA graph (``.outputs``, ``.replay()``): a real backend on a GPU only,
+        :class:`NotSupported` otherwise (:mod:`conformance.backends.graphs`)."""
+        graphs_supported(self, static[0].device)
+        from conformance.backends.graphs import CudaGraph
+
+        return CudaGraph(step, static)
+
+    def build_inside_capture(self, build: Any, device: torch.device) -> BaseException | None:
+        """``build()`` inside a CUDA-graph capture: what it raised, ``None`` when it built (a real backend on a GPU
+        only, :class:`NotSupported` otherwise)."""
+        graphs_supported(self, device)
+        from conformance.backends.graphs import build_inside_capture
+
+        return build_inside_capture(build, device)
+
+
+#: Why P29 (CUDA graphs) is unsupported where it is.
+GRAPHS_ON_CPU = "CUDA graphs need a GPU (this run's device is the CPU)"
+GRAPHS_EMULATED = ("the emulation models no CUDA-graph capture (its calls synchronise with the host); P29 runs on "
+                   "the real library on a GPU")
+
+
+def graphs_supported(adapter: AdapterBase, device: torch.device) -> None:
+    """Raise :class:`NotSupported` unless ``adapter`` is a real backend on a GPU."""
+    if device.type != "cuda":
+        raise NotSupported(GRAPHS_ON_CPU)
+    if not adapter.spec.real:
+        raise NotSupported(GRAPHS_EMULATED)
+
 
 class _KeepView:
     """Forwards to an adapter and keeps the view of its last dispatch (``FusedDispatch`` drops it)."""

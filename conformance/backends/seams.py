@@ -10,6 +10,7 @@ A seam here is one method of a built-in adapter or autograd wrapper, patched as 
 from __future__ import annotations
 
 from conformance.backends.autograd import FusedCombine, FusedDispatch
+from conformance.backends.contract import AdapterBase
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
 
@@ -26,6 +27,10 @@ SEAMS: dict[str, tuple[type, str, str]] = {
     "FusedDispatch.backward": (FusedDispatch, "backward", "the gradients of a dispatch (a combine of the "
                                "gradients of its outputs)"),
     "FusedCombine.backward": (FusedCombine, "backward", "the gradient of a combine (a cached dispatch of it)"),
+    "AdapterBase.graph_capture": (AdapterBase, "graph_capture", "a CUDA graph of a dispatch and combine: the "
+                                  "outputs each replay rewrites (both APIs)"),
+    "AdapterBase.build_inside_capture": (AdapterBase, "build_inside_capture", "what building a buffer inside a "
+                                         "CUDA-graph capture raised (both APIs)"),
 }
 
 #: Seams no registered mutant patches, and why (none today).

@@ -400,6 +400,39 @@ class BackToBackCase(ExampleCase):
 
 
 @dataclass(frozen=True)
+class GraphCase(ExampleCase):
+    """P29: ``example``'s host-sync-free dispatch and combine captured once in a CUDA graph (on static inputs holding
+    input set 0) and replayed once per entry of ``replays``, each an input set copied into the static inputs first.
+    Set 0 is ``example``'s inputs; set ``i`` > 0 has the same shapes (the graph's) and payloads and routing from seed
+    ``example.seed + i`` (the drawn routing pattern, not its drawn rows)."""
+
+    MAX_SETS: ClassVar[int] = 3
+    num_sets: int = 2
+    replays: tuple[int, ...] = (1, 0)
+
+    @classmethod
+    def from_json(cls, text: str) -> Any:
+        """Inverse of :meth:`to_json`."""
+        case = super().from_json(text)
+        return dataclasses.replace(case, replays=tuple(case.replays))
+
+    def input_sets(self) -> list[Example]:
+        """The example of every input set, set 0 first."""
+        return [self.example] + [dataclasses.replace(self.example, seed=(self.example.seed + i) % 2**32,
+                                                     topk_idx=None) for i in range(1, self.num_sets)]
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` unless the sets are valid examples and every replay names one."""
+        super().validate()
+        if not 1 <= self.num_sets <= self.MAX_SETS:
+            raise ValueError(f"num_sets={self.num_sets} must be 1..{self.MAX_SETS}")
+        if not self.replays or any(not 0 <= i < self.num_sets for i in self.replays):
+            raise ValueError(f"replays={self.replays} must name input sets 0..{self.num_sets - 1} (at least one)")
+        for example in self.input_sets()[1:]:
+            example.validate()
+
+
+@dataclass(frozen=True)
 class SoakCase(ExampleCase):
     """P31 (soak mode): an example dispatched and combined back ``repetitions`` times on the same buffers."""
 

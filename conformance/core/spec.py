@@ -53,6 +53,7 @@ class Capability(str, Enum):
     buffer_options = "buffer_options"
     epilogue_events = "epilogue_events"
     fresh_groups = "fresh_groups"
+    cuda_graphs = "cuda_graphs"
 
     def __str__(self) -> str:
         return self.value
@@ -93,15 +94,18 @@ _PROMISES: dict[str, str] = {
                        "capture())): the epilogue waits for the event's work (P22)",
     "fresh_groups": "buffers built on process groups the suite makes fresh (dist.new_group, no collective run on them; "
                     "on a GPU also a lazily initialised NCCL group and a gloo group) (P27)",
+    "cuda_graphs": "host-sync-free dispatch (V1 num_worst_tokens, V2 do_cpu_sync=False) and combine captured in a "
+                   "torch.cuda.CUDAGraph and replayed on new inputs, and a buffer built inside a capture; GPU only "
+                   "(P29)",
 }
 CAPABILITIES: dict[Capability, str] = {Capability(name): text for name, text in _PROMISES.items()}
 assert set(CAPABILITIES) == set(Capability), "every capability says what it promises"
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
-BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface", "fresh_groups")
+BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface", "fresh_groups", "cuda_graphs")
 #: What a plug-in may declare.
 PLUGIN_CAPABILITIES: dict[str, str] = {name: text for name, text in CAPABILITIES.items() if name not in BUILTIN_ONLY}
 _COMMON = caps("combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch", "autograd",
-               "events", "layout", "bad_input", "api_surface", "fresh_groups")
+               "events", "layout", "bad_input", "api_surface", "fresh_groups", "cuda_graphs")
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
     "v1": _COMMON | caps("fp8", "worst_case", "low_latency", "shrink", "ll_buffer"),

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from conformance.core.views import DispatchOptions, Raised
 from conformance.tasks.env import RankEnv, rank_task
+from conformance.world.rank import call_context
 
 #: The ways of making a fresh group, by name: ``dist.new_group`` keyword arguments, and the devices they apply to.
 WAYS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
@@ -27,15 +28,16 @@ def ways(device_type: str) -> list[str]:
 
 def on_fresh_group(env: RankEnv, adapter: Any, way: str) -> Any:
     """A buffer of ``adapter``'s backend on a group made the ``way`` way: the dispatch's view, or what it raised."""
-    group = dist.new_group(list(range(env.ctx.world_size)), **WAYS[way][0])
-    fresh = type(adapter)(adapter.spec, adapter.module, group, adapter.num_nodes)
-    try:
-        return fresh.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)[0]
-    except Exception as exc:  # a refusal is an outcome here: the check wants it on every rank, with a message
-        return Raised.of(exc)
-    finally:
-        fresh.destroy()
-        dist.destroy_process_group(group)
+    with call_context(f"fresh group {way}"):  # a crash in the library names the way
+        group = dist.new_group(list(range(env.ctx.world_size)), **WAYS[way][0])
+        fresh = type(adapter)(adapter.spec, adapter.module, group, adapter.num_nodes)
+        try:
+            return fresh.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)[0]
+        except Exception as exc:  # a refusal is an outcome here: the check wants it on every rank, with a message
+            return Raised.of(exc)
+        finally:
+            fresh.destroy()
+            dist.destroy_process_group(group)
 
 
 @rank_task

@@ -16,10 +16,15 @@
 #             .jitcache/jit-cache.tar.xz.part-* (carried); its warm-up marker makes the warm-up skip (issue 25's warm
 #             figure)
 #   megatron-late  the wrapper's P13 and P25 on the kernel cache in place (after warm)
-#   integrators  issue 27's properties (P26 worst-case outputs read whole, P27 fresh groups, P28 back to back) and P12
+#   integrators  issue 27's properties (P26 worst-case outputs read whole, P27 fresh groups, P28 back to back, P29
+#             CUDA graphs) and P12
 #             (which now names a call that leaves the CUDA stream switched) on real-v1,real-v2,emulated-v1,emulated-v2,
 #             15 examples, on the kernel cache in place
-#   record    fixtures/record.py --sections integrator_calls on the real library (two ranks sharing the GPU): the
+#   graphs    P26, P29 (CUDA graphs) and P27 on real-v1,real-v2,emulated-v1,emulated-v2, $EXAMPLES (8) examples, no JIT
+#             warm-up (a cold machine)
+#   fresh     docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py: P27's finding and its workarounds ($OUT/fresh/log.txt)
+#   record    fixtures/record.py --sections $SECTIONS (default integrator_calls,cuda_graphs,capture_build; each unit
+#             stopped after $SECTION_TIMEOUT s, default 120) on the real library (two ranks sharing the GPU): the
 #             recording the emulation-fidelity self-test replays ($OUT/record/rank{0,1}.pt, log.txt)
 # T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
 set -uo pipefail
@@ -66,12 +71,22 @@ for part in ${PARTS:-megatron}; do
       run_part integrators --backends real-v1,real-v2,emulated-v1,emulated-v2 --deep-ep real --max-examples 15 \
         --conformance-seed 2701 conformance/properties/test_p26_worst_case_whole.py \
         conformance/properties/test_p27_fresh_groups.py conformance/properties/test_p28_back_to_back.py \
-        conformance/properties/test_p12_bad_input.py ;;
+        conformance/properties/test_p12_bad_input.py conformance/properties/test_p29_cuda_graphs.py ;;
+    graphs)  # issue 27 on a cold machine: P26 (the allocator filled in both pools), P29 CUDA graphs, P27 fresh groups
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
+      run_part graphs --backends real-v1,real-v2,emulated-v1,emulated-v2 --deep-ep real --max-examples "${EXAMPLES:-8}" \
+        --conformance-seed 2702 --warm-up off conformance/properties/test_p26_worst_case_whole.py \
+        conformance/properties/test_p29_cuda_graphs.py conformance/properties/test_p27_fresh_groups.py ;;
+    fresh)  # P27's finding reproduced outside the suite, with its workarounds
+      mkdir -p "$OUT/fresh"
+      timeout -s TERM -k 10 "${TM:-$T}" python3 docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py 2>&1 \
+        | tee "$OUT/fresh/log.txt" ;;
     record)  # the recorder's issue-27 section on the real library
       export EP_JIT_CACHE_DIR=/tmp/jit-catalog
       mkdir -p "$OUT/record"; rm -rf /tmp/rec-integrators
       timeout -s TERM -k 30 "${TM:-$T}" python3 fixtures/record.py --out /tmp/rec-integrators --nproc 2 \
-        --rank-setup shared --sections integrator_calls 2>&1 | tee "$OUT/record/log.txt"
+        --rank-setup shared --sections "${SECTIONS:-integrator_calls,cuda_graphs,capture_build}" \
+        --section-timeout "${SECTION_TIMEOUT:-120}" 2>&1 | tee "$OUT/record/log.txt"
       for f in rank0.pt rank1.pt; do [ -f "/tmp/rec-integrators/$f" ] && cp "/tmp/rec-integrators/$f" "$OUT/record/"; done ;;
     catalog|warm)  # python -m benchmarks --device cuda --only catalog: the run and its figures
       export EP_JIT_CACHE_DIR=/tmp/jit-catalog
