@@ -1,5 +1,6 @@
 """Meta-tests of P21-buffer-options: it catches a combine that ignores allow_multiple_reduction either way (on one node
-through the expand-mode per-rank rounding, on two through the per-node one too), it spares a different SM schedule for
+through the expand-mode per-rank rounding, on two through the per-node one too) and expand-mode combined weights in
+the wrong slots, it spares a different SM schedule for
 prefer_overlap_with_compute=False (which really changes handle.num_sms), it holds on the emulation (one and two nodes),
 the tree rule and the three-level tree by hand, and its strategy reaches its corners."""
 
@@ -15,6 +16,7 @@ from conformance.oracle import expected_received_tokens, expected_recv_topk_idx
 from conformance.oracle.tree import predict_levels, v2_combine_groups
 from conformance.strategies.options import buffer_option_cases
 from conformance.tasks.options import buffer_option_combine
+from conformance.world.errors import RankRaised
 from tests.meta import assert_caught, assert_holds, fails, sample
 
 PID = "P21-buffer-options"
@@ -48,13 +50,22 @@ def test_three_levels_by_hand_round_where_two_do_not() -> None:
     assert once.tolist() == [1.0 + 2.0**-7] and per_rank.tolist() == [1.0]
 
 
-@pytest.mark.parametrize("mutant", ["multiple-reduction-ignored", "single-reduction-ignored"])
-def test_catches_an_ignored_allow_multiple_reduction_on_one_node(emulated_session, mutant: str) -> None:
+def test_catches_an_ignored_allow_multiple_reduction_false_on_one_node(emulated_session) -> None:
     """On one node only the expand-mode combine tells the trees apart (a rank with two rows of one token)."""
-    case, message = assert_caught(emulated_session, PID, mutant, buffer_option_cases(2), shrink=False)
+    case, message = assert_caught(emulated_session, PID, "single-reduction-ignored", buffer_option_cases(2),
+                                  shrink=False)
     assert "do_expand=True" in message and "reduction tree" in message, message
-    wanted = "allow_multiple_reduction=False" if mutant == "single-reduction-ignored" else "expanded slots"
-    assert wanted in message and multi_local_slots(case.example), message
+    assert "allow_multiple_reduction=False" in message and multi_local_slots(case.example), message
+
+
+def test_catches_an_ignored_allow_multiple_reduction_true(emulated_session) -> None:
+    """A buffer built with allow_multiple_reduction=True whose combine sends every expanded row unreduced cannot take
+    expand mode's 1-D weights (the library's kernel traps there, the emulation refuses): every case's expand-mode
+    combine with weights fails, the backend named."""
+    (case,) = sample(buffer_option_cases(2), 1)
+    with emulated_session.planted("multiple-reduction-ignored"), pytest.raises(RankRaised) as raised:
+        emulated_session.check(PID, case)
+    assert "emulated-v2" in str(raised.value) and "takes no topk_weights" in str(raised.value), str(raised.value)
 
 
 def test_catches_a_per_node_rounding_without_allow_multiple_reduction_on_two_nodes(two_node_session) -> None:
@@ -68,6 +79,14 @@ def test_catches_a_per_node_rounding_without_allow_multiple_reduction_on_two_nod
         raise AssertionError("none of 10 drawn cases caught a per-node rounding without allow_multiple_reduction")
     assert "reduction tree" in message and "allow_multiple_reduction=False" in message, message
     assert fails(two_node_session, PID, case, None) is None
+
+
+def test_catches_expand_mode_combined_weights_in_the_wrong_slots(emulated_session) -> None:
+    """The 1-D weights of an expand-mode combine (with allow_multiple_reduction) come back per slot."""
+    _, message = assert_caught(emulated_session, PID, "expand-combined-weights-slot-shifted", buffer_option_cases(2),
+                               shrink=False)
+    assert "combined_topk_weights" in message and "1-D expand-mode weights" in message, message
+    assert "allow_multiple_reduction=True" in message or "allow_multiple_reduction" not in message, message
 
 
 def test_catches_a_size_hint_that_sizes_the_combine_in_fp8(emulated_session) -> None:

@@ -1,6 +1,7 @@
 """Mutants of the V2 options (P20 dispatch options, P21 buffer options, P22 ``previous_event_before_epilogue``):
 a handle that keeps the caller's ``topk_idx`` although a copy was asked for, padding left unzeroed, statistics
-overwritten instead of added, a buffer whose combine ignores ``allow_multiple_reduction`` (either way), an epilogue
+overwritten instead of added, a buffer whose combine ignores ``allow_multiple_reduction`` (either way), expand-mode
+combined weights in the wrong slots, an epilogue
 that does not wait for its event, a size hint that sizes the bf16 combine in FP8 or ignores ``allow_hybrid_mode``; and
 one benign change: ``prefer_overlap_with_compute=False`` taking every SM (a
 different, valid schedule, the same bytes).
@@ -103,6 +104,21 @@ class _NeverWaited(EventHandle):
 
     def query(self) -> bool:
         return True
+
+
+@register("expand-combined-weights-slot-shifted", "harmful",
+          "V2 expand-mode combine with 1-D topk_weights returns each slot's weight in the next slot's column (the "
+          "weight of the expanded row of slot k lands in column k + 1; the earlier V2 contract's layout) (P21)")
+def expand_combined_weights_slot_shifted() -> Iterator[None]:
+    def combine(original: Any, self: Any, *args: Any, **kwargs: Any) -> tuple:
+        combined_x, combined_w, event = original(self, *args, **kwargs)
+        handle = call_argument(original, self, args, kwargs, "handle")
+        if combined_w is not None and handle.do_expand and combined_w.shape[1] > 1:
+            combined_w = torch.roll(combined_w, shifts=1, dims=1)
+        return combined_x, combined_w, event
+
+    with seam("ElasticBuffer.combine", combine):
+        yield
 
 
 @register("epilogue-event-ignored", "harmful",

@@ -9,7 +9,11 @@ never the bytes.  Every case runs both values of ``allow_multiple_reduction``, e
 dispatch and combine, on buffers built with the case's ``prefer_overlap_with_compute``.  The check: combine (P5's
 experts without expand; in expand mode each expert ``e`` returns its rows times ``33 + 2 e``) equals the oracle
 through the tree the options select, byte for byte wherever its float32 sums are exact, within the bound of that
-many roundings elsewhere; the backend's own statement of its tree (``reduction_group``, plain mode) agrees;
+many roundings elsewhere; the combined weights (the experts' weights passed to combine: ``[rows, num_topk]``
+without expand; the 1-D ``[rows]`` weights of expand mode, a contract that changed between V2 releases, with
+``allow_multiple_reduction`` only: without it the kernel takes none, combine.cuh:68) hold, per
+token and slot, the value the slot's own row came back with, byte for byte (0 where the slot is -1); the backend's
+own statement of its tree (``reduction_group``, plain mode) agrees;
 ``get_buffer_size_hint`` with the same ``allow_multiple_reduction`` is the size the buffer was built with, never
 smaller without it (its combine layouts hold ``num_topk`` rows per token instead of ``min(num_ranks, num_topk)``,
 csrc/elastic/buffer.hpp:616-648); and every option of the hint (``use_fp8_dispatch``, ``allow_hybrid_mode``,
@@ -23,12 +27,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from conformance.assertions import assert_bytes_equal, assert_tree, assert_value_equal, for_each_backend
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, build_all_inputs, build_biases
 from conformance.oracle.buffer_size import expected_buffer_size
 from conformance.oracle.reduction import (
     ExpectedSum,
+    expanded_expert_scale,
     expected_combined_weights,
     expected_expanded_combine,
     expected_scaled_combine,
@@ -68,12 +75,19 @@ def check_run(ctx: CheckContext, case: BufferOptionsCase, rank: int, backend: st
     groups = v2_combine_groups(amr, do_expand, shape.nodes, shape.ranks_per_node)
     assert_tree(result.combined_x, expected, groups, name="combined_x", rank=rank, call=result.call,
                 require_determined=case.mode == "exact")
-    if not do_expand and result.combined_topk_weights is not None:
-        own = inputs[rank].topk_weights
-        weights = expected_combined_weights(
-            example, inputs, rank, lambda dst, token, slot: scaled_weight(own[token, slot], dst))
+    if result.combined_topk_weights is not None:
+        own, idx = inputs[rank].topk_weights, inputs[rank].topk_idx
+        if do_expand:  # slot k comes back from the row of expert idx[t, k], its 1-D weight times 33 + 2 e
+            def value(dst: int, token: int, slot: int) -> float:
+                return float(own[token, slot].to(torch.float32) * torch.tensor(
+                    float(expanded_expert_scale(int(idx[token, slot]))), dtype=torch.float32))
+        else:
+            def value(dst: int, token: int, slot: int) -> float:
+                return scaled_weight(own[token, slot], dst)
+        weights = expected_combined_weights(example, inputs, rank, value)
         assert_bytes_equal(result.combined_topk_weights, weights, name="combined_topk_weights", rank=rank,
-                           call=result.call, labels=("token", "slot"))
+                           call=result.call + (" (1-D expand-mode weights)" if do_expand else ""),
+                           labels=("token", "slot"))
     stated = shape.ranks_per_node if shape.nodes > 1 and amr else example.world_size
     if not do_expand and result.reduction_group is not None and result.reduction_group != stated:
         raise AssertionError(

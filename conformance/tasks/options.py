@@ -88,7 +88,7 @@ class BufferOptionsResult:
 
     call: str
     combined_x: torch.Tensor  # [T, hidden] bf16
-    combined_topk_weights: torch.Tensor | None  # non-expand mode with ``combine_weights`` only
+    combined_topk_weights: torch.Tensor | None  # with ``combine_weights`` only
     reduction_group: int | None  # what the backend says its tree is (``Backend.reduction_group``)
     num_bytes: int | None  # the buffer's size (built from the MoE settings)
     #: get_buffer_size_hint by (shape, use_fp8_dispatch, allow_hybrid_mode, allow_multiple_reduction), shape
@@ -117,13 +117,14 @@ def size_hints(adapter: Any, case: BufferOptionsCase) -> dict[tuple[str, bool, b
 def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_per_rank: int, do_expand: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The test's experts: without expand, every received row and weight times ``1 + rank`` (P5's); in expand mode,
-    each expert ``e`` (global index) returns its rows times ``33 + 2 e`` (the oracle's ``expanded_expert_scale``;
-    padding rows are returned as received)."""
-    recv_x = raw["recv_x"]
+    each expert ``e`` (global index) returns its rows and their 1-D weights times ``33 + 2 e`` (the oracle's
+    ``expanded_expert_scale``; padding rows are returned as received)."""
+    recv_x, recv_w = raw["recv_x"], raw["recv_topk_weights"]
     if not do_expand:
         scale = torch.tensor(float(1 + rank), dtype=torch.float32, device=recv_x.device)
-        return (recv_x.float() * scale).to(torch.bfloat16), raw["recv_topk_weights"].float() * scale
+        return (recv_x.float() * scale).to(torch.bfloat16), recv_w.float() * scale
     out = recv_x.clone()
+    out_w = None if recv_w is None else recv_w.float().clone()
     layout = v2_layout(view)
     ends = layout.psum_num_recv_tokens_per_expert.tolist()  # aligned start + raw count, per local expert
     counts = layout.num_unaligned_recv_tokens_per_expert.tolist()
@@ -131,15 +132,19 @@ def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_
         expert = rank * experts_per_rank + local
         rows = slice(int(end) - int(count), int(end))
         out[rows] = (recv_x[rows].float() * (33 + 2 * expert)).to(torch.bfloat16)
-    return out, None
+        if out_w is not None:
+            out_w[rows] = recv_w[rows].float() * torch.tensor(float(33 + 2 * expert), dtype=torch.float32,
+                                                              device=recv_w.device)
+    return out, out_w
 
 
 @rank_task
 def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
     """Per V2 backend with ``buffer_options``, keyed by ``(allow_multiple_reduction, do_expand)`` (both flags; expand
     mode with the capability ``expand``): dispatch on a buffer built with that and the case's
-    ``prefer_overlap_with_compute``, the test's experts (:func:`_expert_outputs`), combine with the case's biases
-    (and, without expand, the weights)."""
+    ``prefer_overlap_with_compute``, the test's experts (:func:`_expert_outputs`), combine with the case's biases and
+    the experts' weights (``[rows, num_topk]`` without expand, 1-D ``[rows]`` in expand mode with
+    ``allow_multiple_reduction``: without it an expand-mode combine takes no weights)."""
     case: BufferOptionsCase = env.case
     example = case.example
     biases = [b.to(env.device) for b in build_biases(example, env.rank, case.num_bias)]
@@ -149,7 +154,10 @@ def buffer_option_combine(env: RankEnv) -> dict[str, Any]:
                                   prefer_overlap_with_compute=case.prefer_overlap_with_compute)
         view, raw = adapter.dispatch(env.inputs, example, options, env.rank)
         expert_x, expert_w = _expert_outputs(view, raw, env.rank, example.experts_per_rank, do_expand)
-        with_weights = expert_w is not None and adapter.spec.has("combine_weights")
+        # expand mode without allow_multiple_reduction sends every slot's row and takes no weights (the real kernel
+        # traps: EP_DEVICE_ASSERT(topk_weights == nullptr), combine.cuh:68): weights only where the contract has them
+        with_weights = expert_w is not None and adapter.spec.has("combine_weights") and (
+            allow_multiple_reduction or not do_expand)
         x, w = adapter.combine(raw, expert_x, topk_weights=expert_w if with_weights else None,
                                bias=bias_argument(biases))
         return BufferOptionsResult(f"{view.call}, then {adapter.describe_combine(example, env.rank)}", x.cpu(),
