@@ -20,8 +20,8 @@
 #             CUDA graphs) and P12
 #             (which now names a call that leaves the CUDA stream switched) on real-v1,real-v2,emulated-v1,emulated-v2,
 #             15 examples, on the kernel cache in place
-#   graphs    P26, P29 (CUDA graphs) and P27 on real-v1,real-v2,emulated-v1,emulated-v2, $EXAMPLES (8) examples, no JIT
-#             warm-up (a cold machine)
+#   graphs    P26, P29 (CUDA graphs), P21 (expand-mode combine with 1-D weights) and P27 on real-v1,real-v2,
+#             emulated-v1,emulated-v2, $EXAMPLES (8) examples, no JIT warm-up (a cold machine)
 #   fresh     docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py: P27's finding and its workarounds ($OUT/fresh/log.txt)
 #   record    fixtures/record.py --sections $SECTIONS (default integrator_calls,cuda_graphs,capture_build; each unit
 #             stopped after $SECTION_TIMEOUT s, default 120) on the real library (two ranks sharing the GPU): the
@@ -72,11 +72,12 @@ for part in ${PARTS:-megatron}; do
         --conformance-seed 2701 conformance/properties/test_p26_worst_case_whole.py \
         conformance/properties/test_p27_fresh_groups.py conformance/properties/test_p28_back_to_back.py \
         conformance/properties/test_p12_bad_input.py conformance/properties/test_p29_cuda_graphs.py ;;
-    graphs)  # issue 27 on a cold machine: P26 (the allocator filled in both pools), P29 CUDA graphs, P27 fresh groups
+    graphs)  # issue 27 on a cold machine: P26 (the allocator filled in both pools), P29, P21, P27
       export EP_JIT_CACHE_DIR=/tmp/jit-catalog
       run_part graphs --backends real-v1,real-v2,emulated-v1,emulated-v2 --deep-ep real --max-examples "${EXAMPLES:-8}" \
         --conformance-seed 2702 --warm-up off conformance/properties/test_p26_worst_case_whole.py \
-        conformance/properties/test_p29_cuda_graphs.py conformance/properties/test_p27_fresh_groups.py ;;
+        conformance/properties/test_p29_cuda_graphs.py conformance/properties/test_p21_buffer_options.py \
+        conformance/properties/test_p27_fresh_groups.py ;;
     fresh)  # P27's finding reproduced outside the suite, with its workarounds
       mkdir -p "$OUT/fresh"
       timeout -s TERM -k 10 "${TM:-$T}" python3 docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py 2>&1 \
