@@ -15,7 +15,7 @@ MUTANT = "fresh-group-dispatch-corrupt"
 
 
 def test_fresh_groups_catches_a_buffer_wrong_only_on_a_fresh_group(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, PID, MUTANT, fresh_groups_examples(2))
+    example, message = assert_caught(emulated_session, PID, MUTANT, fresh_groups_examples(2), shrink=False)
     assert "fresh new_group" in message and "rank 1" in message, (example, message)
 
 
