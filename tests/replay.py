@@ -463,7 +463,8 @@ def _compare_graph(chk: _Checker, got: dict, rec: dict) -> None:
             (compare_v1 if api == "v1" else compare_v2)(chk.sub("eager_after.dispatch"),
                                                                   _get(after, "dispatch"), expected["dispatch"])
     if "unsupported" not in got:
-        for name in ("replays_equal_eager", "graph_error", "raised", "raised_first", "built", "unsupported"):
+        for name in ("replays_equal_eager", "graph_error", "raised", "raised_first", "built", "stream_left_switched",
+                     "unsupported"):
             if name in rec or name in got:
                 chk.eq(name, got.get(name), rec.get(name))
 

@@ -136,16 +136,28 @@ class EagerGraph:
             self.outputs[name].copy_(value)
 
 
+#: Said of a build inside a capture after which PyTorch left the capture's stream current (see below).
+STREAM_LEFT = ("torch.cuda.graph's exit left the capture's side stream current (its capture_end raised before it "
+               "restored the stream): the suite set the previous stream back; a caller must too")
+
+
 def build_inside_capture(build: Callable[[], Any], device: torch.device) -> BaseException | None:
     """``build()`` inside a CUDA-graph capture (a buffer made lazily on its first use, in a captured step): what it
-    raised (or the capture's end after it), ``None`` when it built.  A device that cannot synchronise afterwards
-    raises (the rank cannot go on)."""
+    raised (or the capture's end after it), ``None`` when it built.  When the capture fails, PyTorch's
+    ``torch.cuda.graph.__exit__`` raises from ``capture_end()`` before it restores the caller's stream (seen on the
+    real 2.1.0, run 20): the stream is set back here and the error says so (:data:`STREAM_LEFT`).  A device that
+    cannot synchronise afterwards raises (the rank cannot go on)."""
     graph = torch.cuda.CUDAGraph()
+    before = torch.cuda.current_stream(device)
     error: BaseException | None = None
     try:
         with torch.cuda.graph(graph):
             build()
     except Exception as exc:  # noqa: BLE001 - the outcome the property reports
         error = exc
+    if torch.cuda.current_stream(device) != before:
+        torch.cuda.set_stream(before)
+        if error is not None:
+            error.add_note(STREAM_LEFT)
     torch.cuda.synchronize(device)
     return error

@@ -46,6 +46,8 @@ def refusal(exc: BaseException) -> Raised:
     message = " ".join(str(exc).split())
     if first is not None:
         message += f" (raised first, inside the capture: {type(first).__name__}: {' '.join(str(first).split())})"
+    for note in getattr(exc, "__notes__", ()):
+        message += f"; {note}"
     return Raised(type(exc).__name__, message)
 
 
