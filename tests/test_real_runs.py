@@ -58,3 +58,14 @@ def test_reports_kept_from_real_runs_name_their_backends(relative: str) -> None:
     assert real, relative
     for name, is_real in real.items():
         assert is_real == name.startswith("real-"), (relative, name, is_real)
+
+
+def test_the_fresh_nccl_group_crash_was_reported_as_its_known_defect_on_the_real_library() -> None:
+    """Run 20c: P27 on the real V2 met the crash of run 19a and reported it as the entry made from it (not failed)."""
+    report = _report("2026-12-05-1xH200/20c-graphs/conformance.json")
+    p27 = _property(report, "P27-fresh-groups")
+    assert p27["status"] == "known-defect", p27["status"]
+    entries = report["known_defects"]["entries"]
+    (entry,) = [e for e in entries if e["id"] == "v2-buffer-on-uninitialised-nccl-group-sigsegv"]
+    assert entry["status"] == "known-defect", entry
+    assert {b["name"]: b["real"] for b in report["environment"]["backends"]}["real-v2"] is True
