@@ -371,6 +371,25 @@ def _oracle_receipts(example: Example, rank: int) -> Receipts:
     return expected_receipts(example, _all_inputs(example), rank)
 
 
+def refused_on_every_rank(outcomes: Sequence[Any], *, call: str) -> bool:
+    """``True`` when every rank's outcome is a :class:`Raised` with a message (one clear refusal), ``False`` when none
+    is (the call went on everywhere); a refusal on some ranks only, or one without a message, fails naming the
+    ranks."""
+    __tracebackhide__ = True
+    refused = [isinstance(o, Raised) for o in outcomes]
+    if all(refused):
+        for rank, o in enumerate(outcomes):
+            if not (o.message or "").strip():
+                raise AssertionError(f"rank {rank} refused with {o.type} and no message: a user cannot tell what to "
+                                     f"change [{call}]")
+        return True
+    if any(refused):
+        raise AssertionError(f"refused on rank(s) {[r for r, x in enumerate(refused) if x]} only "
+                             f"({', '.join(str(o) for o in outcomes if isinstance(o, Raised))}); the other ranks went "
+                             f"on [{call}]")
+    return False
+
+
 def assert_view_matches_oracle(recorder: RecordsUnsupported, example: Example, rank: int,
                                view: DispatchView | Unsupported, *, after: str = "") -> DispatchView | None:
     """``view`` holds the oracle's receipts for ``rank`` (an :class:`Unsupported` view is recorded, not failed)."""
