@@ -7,10 +7,10 @@ for capture, what a reader reads of it after a replay, and the capture itself.
 * :func:`readout`: those outputs read after the call (or a replay) ran: the valid rows as a :class:`DispatchView`
   (the rows past them are worst-case padding the library leaves unwritten, P19/P26) and the combine.
 * :class:`CudaGraph`: ``torch.cuda.CUDAGraph`` capture as PyTorch's documentation asks (one warm-up run on a side
-  stream, then the capture), replayed on demand.  :func:`capture` gives it for a real backend on a GPU and raises
-  ``NotSupported`` otherwise (``contract.graphs_supported``): the emulation's calls synchronise with the host and
-  cannot be captured, and a CPU has no graphs.  The adapters' seams ``AdapterBase.graph_capture`` and
-  ``AdapterBase.build_inside_capture`` call them.
+  stream, then the capture), replayed on demand; :func:`build_inside_capture`, a buffer built inside a capture.  The
+  adapters' seams ``AdapterBase.graph_capture`` and ``AdapterBase.build_inside_capture`` use them for a real backend
+  on a GPU and raise ``NotSupported`` otherwise (``contract.graphs_supported``): the emulation's calls synchronise
+  with the host and cannot be captured, and a CPU has no graphs.
 * :class:`EagerGraph`: the emulation's stand-in for a graph (its "capture" runs the step once, its "replay" runs it
   again and writes the results into the captured outputs, as a replay rewrites them).  No run uses it by itself:
   the mutants ``graph-stand-in`` (benign) and ``graph-replay-frozen`` (harmful) install it, so that P29's check is
