@@ -189,6 +189,16 @@ def for_each_backend(
     recorder.checking(None)
 
 
+def per_supported_backend(recorder: RecordsUnsupported, per_rank: list[dict[str, Any]], case: Any
+                          ) -> Iterator[tuple[str, list[Any]]]:
+    """:func:`per_backend`'s items whose results are not :class:`Unsupported` (those are recorded for ``case``)."""
+    for backend, results in per_backend(recorder, per_rank):
+        if isinstance(results[0], Unsupported):
+            recorder.record_unsupported(results[0], case)
+        else:
+            yield backend, results
+
+
 def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[dict[str, Any]],
                         check: Callable[[int, str, Any], Any]) -> None:
     """Every rank of one backend, then the next, each backend to its end: one that held is counted as held (the

@@ -428,8 +428,6 @@ def _ll_order(run: dict) -> torch.Tensor:
 
 def _compare_exact(chk: _Checker, got: dict, rec: dict) -> None:
     for name, expected in rec.items():
-        if name == "what_a_reader_gets" and "fill" not in rec:
-            continue  # recorded when the recorder filled one large block only: the small outputs never came from it
         if name != "kind":
             chk.eq(name, _get(got, name), expected)
 
@@ -448,10 +446,8 @@ def _compare_graph(chk: _Checker, got: dict, rec: dict) -> None:
     API's comparison) and what the rank did after a build inside a capture; the graph's own outcome (the replays,
     what the build raised) only where this side ran on a GPU too (a CPU has no graphs: those fields are left
     unchecked there, and say so in ``unsupported``; never passed as equal)."""
-    # the API: recorded since 2026-12-05's second run; before, a V1 eager record is the one with a count list
-    api = rec.get("api") or ("v1" if "num_recv_tokens_per_expert_list" in rec.get("eager", {}) else "v2")
-    if "api" in rec:
-        chk.eq("api", _get(got, "api"), rec["api"])
+    api = rec["api"]
+    chk.eq("api", _get(got, "api"), api)
     if "eager" in rec:
         (compare_v1 if api == "v1" else compare_v2)(chk.sub("eager"), _get(got, "eager"), rec["eager"])
     if "eager_after" in rec:  # the build's aftermath: an eager dispatch on a buffer built after it (or its error)
@@ -459,9 +455,9 @@ def _compare_graph(chk: _Checker, got: dict, rec: dict) -> None:
         for name in ("recv_rows", "error"):
             if name in expected or name in (after if isinstance(after, dict) else {}):
                 chk.eq(f"eager_after.{name}", _get(after, name), expected.get(name))
-        if "dispatch" in expected:  # recordings before 2026-12-05's second run kept the row count only
+        if "dispatch" in expected:  # (absent where the build's aftermath raised)
             (compare_v1 if api == "v1" else compare_v2)(chk.sub("eager_after.dispatch"),
-                                                                  _get(after, "dispatch"), expected["dispatch"])
+                                                        _get(after, "dispatch"), expected["dispatch"])
     if "unsupported" not in got:
         for name in ("replays_equal_eager", "graph_error", "raised", "raised_first", "built", "stream_left_switched",
                      "unsupported"):

@@ -86,7 +86,7 @@ def test_catches_expand_mode_combined_weights_in_the_wrong_slots(emulated_sessio
     _, message = assert_caught(emulated_session, PID, "expand-combined-weights-slot-shifted", buffer_option_cases(2),
                                shrink=False)
     assert "combined_topk_weights" in message and "1-D expand-mode weights" in message, message
-    assert "allow_multiple_reduction=True" in message or "allow_multiple_reduction" not in message, message
+    assert "do_expand=True" in message and "[buffer allow_multiple_reduction=False]" not in message, message
 
 
 def test_catches_a_size_hint_that_sizes_the_combine_in_fp8(emulated_session) -> None:

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from conformance.assertions import assert_view_matches_oracle, per_backend, refused_on_every_rank
+from conformance.assertions import assert_view_matches_oracle, per_supported_backend, refused_on_every_rank
 from conformance.core.example import Example
-from conformance.core.views import Unsupported
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.fresh_groups import fresh_groups_examples
@@ -31,10 +30,7 @@ KEY = "fresh groups"
 def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
     """Per backend and way: every rank's dispatch holds the oracle's receipts, or every rank raised with a message."""
     __tracebackhide__ = True
-    for backend, results in per_backend(ctx, per_rank):
-        if isinstance(results[0], Unsupported):
-            ctx.record_unsupported(results[0], example)
-            continue
+    for backend, results in per_supported_backend(ctx, per_rank, example):
         for way in results[0]:
             got = [ranks[way] for ranks in results]
             call = f"{backend}: a buffer on a fresh dist.new_group ({way}), then dispatch"

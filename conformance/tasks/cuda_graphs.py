@@ -6,7 +6,7 @@ once more on set 0 after that; every call's outputs read right after it ran."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from conformance.backends.contract import NotSupported
@@ -36,7 +36,6 @@ class GraphRun:
     eager: list[Readout]
     replays: list[Readout]
     built_inside_capture: Raised | Readout | None = None
-    notes: list[str] = field(default_factory=list)
 
 
 def refusal(exc: BaseException) -> Raised:
