@@ -26,3 +26,19 @@ def test_another_line_or_file_is_still_a_different_refusal() -> None:
         with pytest.raises(AssertionError, match="expected message"):
             assert_raised_everywhere([Raised("RuntimeError", other)], call="c", expected_message=RECORDED)
     assert without_build_directory("see /tmp/src/notes (x)") == "see /tmp/src/notes (x)"
+
+
+def test_a_build_root_placeholder_matches_with_or_without_the_build_directory() -> None:
+    """The real 2.1.0 names deep_ep/include files by their absolute build path; P12 compares the message after
+    :func:`without_build_directory` (run 21, one H200: ``v2_combine_hidden_tma`` failed P12 for it)."""
+    from conformance.emulation._refusals import matches, message_pattern
+
+    real = ("Assertion exception (/tmp/src/DeepEP/deep_ep/include/deep_ep/common/layout.cuh:198): "
+            "num_hidden_bytes % ptx::kNumTMAAlignBytes == 0")
+    assert matches("v2_combine_hidden_tma", real)
+    assert matches("v2_combine_hidden_tma", without_build_directory(real))
+    assert_raised_everywhere([Raised("RuntimeError", real)] * 2, call="c",
+                             message_pattern=message_pattern("v2_combine_hidden_tma"))
+    assert not matches("v2_combine_hidden_tma", real.replace(":198", ":199"))
+    emulated = real.replace("/tmp/src/DeepEP", "<DeepEP build root>")
+    assert matches("v2_combine_hidden_tma", emulated)
