@@ -75,6 +75,27 @@ def test_crash_names_the_call_and_what_it_was_for(world: World) -> None:
     assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
 
 
+def test_a_sticky_error_retires_the_world_and_stays_the_backends(world: World) -> None:
+    with pytest.raises(RankRaised) as info:
+        world.run("tests.world_tasks:sticky_error_in_backend", timeout=60)
+    assert not info.value.in_step  # retired, not kept
+    assert info.value.culprit_call() == "real-v1|low_latency_dispatch"  # charged to real-v1, not to every backend
+    assert "illegal memory access" in info.value.per_rank[0]
+    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
+
+
+def test_what_a_rank_printed_during_a_task_that_raised_is_in_its_story(world: World) -> None:
+    with pytest.raises(RankRaised) as info:
+        world.run("tests.world_tasks:print_then_raise_in_step", 1, timeout=60)
+    assert info.value.in_step and info.value.culprits == [1]
+    told = info.value.per_rank[1]
+    assert "what this rank printed during the task" in told and "identifier undefined" in told, told
+    assert "identifier undefined" not in info.value.per_rank[0]
+    with pytest.raises(RankRaised) as again:  # the next task's story holds only what that task printed
+        world.run("tests.world_tasks:raise_on_rank", 2, timeout=60)
+    assert "identifier undefined" not in str(again.value)
+
+
 def test_hang_times_out_with_stacks(world: World) -> None:
     with pytest.raises(RankTimeout) as info:
         world.run("tests.world_tasks:hang_on_rank", 0, timeout=5)

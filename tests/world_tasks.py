@@ -44,6 +44,30 @@ def die_in_labelled_call(rank: int) -> None:
     dist.barrier()
 
 
+def sticky_error_in_backend() -> None:
+    """Every rank's ``real-v1`` call left a sticky CUDA error (simulated on CPU: ``step`` reports it sticky), as the
+    real V1's shrink-mode clean did on one H200 (run 21): the world is retired, the failure is still real-v1's."""
+    from unittest import mock
+
+    from conformance.tasks import env
+
+    with mock.patch.object(env, "step", lambda raised, sticky=False: (list(range(context().world_size)), True)):
+        env.in_step(torch.device("cpu"), "real-v1", "low_latency_dispatch",
+                    RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
+def print_then_raise_in_step(rank: int) -> None:
+    """Rank ``rank`` prints a diagnostic from C (as DeepEP's JIT does: ``printf`` to fd 1, then its assertion) and its
+    backend's call raises; every rank ends the task in step."""
+    from conformance.tasks import env
+
+    error = None
+    if context().rank == rank:
+        os.write(1, b"NVCC compilation failed: kernel.cu(12): error: identifier undefined\n")
+        error = RuntimeError('Assertion exception (csrc/jit/compiler.hpp:239): false and "NVCC compilation failed"')
+    env.in_step(torch.device("cpu"), "real-v2", "dispatch", error)
+
+
 def hang_on_rank(rank: int) -> None:
     if context().rank == rank:
         time.sleep(3600)

@@ -16,6 +16,7 @@ Hypothesis, shrinking, would ask for many.  Three rules keep that bounded:
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,17 @@ def cause_of(failure: RankFailure, backend: str | None = None) -> dict[str, Any]
         "call": call_name or None,
         "signal": signal,
         "summary": str(failure).splitlines()[0],
-        "detail": said[-1][:400] if kind == "error" and said else None,  # the exception, for a rank that raised
+        "detail": _exception_line(said)[:400] if kind == "error" and said else None,  # for a rank that raised
     }
+
+
+def _exception_line(said: list[str]) -> str:
+    """The exception's own line of a rank's traceback (``torch.AcceleratorError: CUDA error: an illegal memory
+    access was encountered``), not the advice a CUDA error ends with (``Compile with `TORCH_USE_CUDA_DSA` ...``)."""
+    return next((line for line in reversed(said) if _EXCEPTION_LINE.match(line)), said[-1])
+
+
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b.*:")
 
 
 def describe_cause(cause: dict[str, Any]) -> str:

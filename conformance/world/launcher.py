@@ -429,6 +429,7 @@ class World:
         results: dict[int, Any] = {}
         errors: dict[int, str] = {}
         in_step: dict[int, dict[str, Any]] = {}  # rank -> its RaisedInStep (a backend's call raised, all ranks know)
+        error_calls: dict[int, str] = {}  # rank -> the backend call its world-retiring error was in, where known
         crashed: list[_Rank] = []
         pending = {r.conn: r for r in self._ranks}
         while pending:
@@ -450,6 +451,9 @@ class World:
                 elif kind == "raised":
                     in_step[r.rank] = value
                     errors[r.rank] = value["traceback"]
+                elif isinstance(value, dict):  # a backend's sticky error: the world is retired, the call known
+                    errors[r.rank] = value["traceback"]
+                    error_calls[r.rank] = value["call"]
                 else:
                     errors[r.rank] = value
             if errors or crashed:
@@ -467,7 +471,7 @@ class World:
                              backend=first["backend"], in_step=True)
         stuck = list(pending.values())
         seen = self._inspect(crashed, stuck)
-        calls = {rank: info["call"] for rank, info in seen.items() if info.get("call")}
+        calls = {rank: info["call"] for rank, info in seen.items() if info.get("call")} | error_calls
         signals: dict[int, str] = {}
         per_crashed: dict[int, str] = {}
         for r in crashed:

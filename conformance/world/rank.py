@@ -140,10 +140,40 @@ def _write_call(text: str) -> None:
 
 def _note_log_offset() -> None:
     """Note where this task's part of the log starts (the node agent returns the log from there on failure)."""
+    global _task_log_start
     if _call_fd is not None:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.pwrite(_call_fd, str(os.lseek(1, 0, os.SEEK_END)).encode().rjust(OFFSET_BYTES), CALL_SLOT_BYTES)
+        _task_log_start = os.lseek(1, 0, os.SEEK_END)
+        os.pwrite(_call_fd, str(_task_log_start).encode().rjust(OFFSET_BYTES), CALL_SLOT_BYTES)
+
+
+#: Where this rank's log is, and where the current task's part of it starts (:func:`_note_log_offset`).
+_log_path: str | None = None
+_task_log_start: int | None = None
+#: At most this many characters of what a rank printed during a task that raised go into its report.
+PRINTED_CHARS = 2000
+
+
+def _printed_during_task() -> str:
+    """What this rank printed during the current task (its last :data:`PRINTED_CHARS` characters), for a task that
+    raised: the library's own diagnostics, e.g. DeepEP's JIT prints ``NVCC compilation failed: <nvcc's output>``
+    before its assertion says only ``"NVCC compilation failed"`` (run 21, one H200)."""
+    if _log_path is None or _task_log_start is None:
+        return ""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(_log_path, "rb") as f:
+            f.seek(_task_log_start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    text = text.strip()
+    if not text:
+        return ""
+    cut = "[...]\n" if len(text) > PRINTED_CHARS else ""
+    return f"\n--- what this rank printed during the task ---\n{cut}{text[-PRINTED_CHARS:]}\n"
 
 
 _labels: list[str] = []
@@ -233,6 +263,8 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _redirect_output(log_path: str) -> None:
+    global _log_path
+    _log_path = log_path
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -436,10 +468,13 @@ def _serve(conn: Connection) -> None:
                         profiler.disable()
             reply: tuple = ("ok", result)
         except RaisedInStep as exc:  # every rank ends the task this way: the world stays usable
+            own = exc.own and exc.own + _printed_during_task()
             reply = ("raised", {"backend": exc.backend, "operation": exc.operation, "ranks": exc.ranks,
-                                "traceback": exc.own or traceback.format_exc()})
-        except BaseException:  # reported to the controller, which retires this world
-            reply = ("error", traceback.format_exc())
+                                "traceback": own or traceback.format_exc()})
+        except BaseException as exc:  # reported to the controller, which retires this world
+            call = getattr(exc, "conformance_call", None)  # a backend's sticky error (tasks.env.in_step)
+            told = traceback.format_exc() + _printed_during_task()
+            reply = ("error", told if call is None else {"traceback": told, "call": call})
         switched = _stream_left_switched()
         if switched is not None and reply[0] != "error":  # a poisoned rank: the controller retires this world
             reply = ("error", f"the task {target if isinstance(target, str) else task.__qualname__} {switched}; "
