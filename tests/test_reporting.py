@@ -44,6 +44,20 @@ def test_rejection_the_other_api_accepts_is_a_capability_regression() -> None:
     assert not entry.unsupported["emulated-v2"]["capability_regression"]
 
 
+def test_the_emulation_refusing_what_the_real_library_took_is_no_capability_regression() -> None:
+    """Run 21 (one H200): P29's emulated-v1 refusal was called a capability regression because real-v2 took the
+    configurations; the migration's question is V2 against V1 of the same implementation."""
+    config = RunConfig(WorldShape(1, 2), tuple(parse_backends("real-v1,real-v2,emulated-v1,emulated-v2", False)))
+    rejected = {name: {"call": "dispatch", "error": "the emulation models no CUDA-graph capture", "count": 25,
+                       "example": EXAMPLE} for name in ("emulated-v1", "emulated-v2")}
+    entry = entry_from_report(_report("passed", unsupported=rejected), config)
+    for name in rejected:
+        assert entry.unsupported[name]["capability_regression"] is False, entry.unsupported[name]
+    v2_only = {"real-v2": dict(rejected["emulated-v2"], call="ElasticBuffer.combine")}
+    info = entry_from_report(_report("passed", unsupported=v2_only), config).unsupported["real-v2"]
+    assert info["capability_regression"] is True and info["accepted_by"] == ["real-v1"]
+
+
 def test_divergence_outranks_unsupported_and_markdown_names_everything() -> None:
     entry = entry_from_report(
         _report("passed", divergences={"P4": "V1 writes 0"}, unsupported={
