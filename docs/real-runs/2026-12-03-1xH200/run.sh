@@ -22,6 +22,8 @@
 #             15 examples, on the kernel cache in place
 #   graphs    P26, P29 (CUDA graphs), P21 (expand-mode combine with 1-D weights) and P27 on real-v1,real-v2,
 #             emulated-v1,emulated-v2, $EXAMPLES (8) examples, no JIT warm-up (a cold machine)
+#   rerun     the property files $FILES on real-v1,real-v2,emulated-v1,emulated-v2, $EXAMPLES (8) examples, seed $SEED
+#             (2801), no JIT warm-up: a fix checked on the real library
 #   fresh     docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py: P27's finding and its workarounds ($OUT/fresh/log.txt)
 #   record    fixtures/record.py --sections $SECTIONS (default integrator_calls,cuda_graphs,capture_build; each unit
 #             stopped after $SECTION_TIMEOUT s, default 120) on the real library (two ranks sharing the GPU): the
@@ -78,6 +80,10 @@ for part in ${PARTS:-megatron}; do
         --conformance-seed 2702 --warm-up off conformance/properties/test_p26_worst_case_whole.py \
         conformance/properties/test_p29_cuda_graphs.py conformance/properties/test_p21_buffer_options.py \
         conformance/properties/test_p27_fresh_groups.py ;;
+    rerun)  # chosen property files, beside the emulation (a fix checked on the real library)
+      export EP_JIT_CACHE_DIR=/tmp/jit-catalog
+      run_part rerun --backends real-v1,real-v2,emulated-v1,emulated-v2 --deep-ep real --max-examples "${EXAMPLES:-8}" \
+        --conformance-seed "${SEED:-2801}" --warm-up off ${FILES:?FILES: the property files to run} ;;
     fresh)  # P27's finding reproduced outside the suite, with its workarounds
       mkdir -p "$OUT/fresh"
       timeout -s TERM -k 10 "${TM:-$T}" python3 docs/real-runs/2026-12-05-1xH200/fresh_nccl_group.py 2>&1 \
