@@ -135,6 +135,31 @@ def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> 
     return args + (["--deep-ep", config.deep_ep] if config.deep_ep else [])
 
 
+def index_of(todo: list[Job], job: Job) -> int:
+    """The number of ``job`` in the warm-up (its folder ``job<N>``)."""
+    return next(i for i, j in enumerate(todo) if j is job)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop a warm-up run: SIGTERM (the run writes its partial report), SIGKILL if it is still there 20 s later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _where(folder: str) -> str:
+    """Which property a stopped warm-up run was in, from its partial report (``an unknown place`` without one)."""
+    try:
+        report = json.loads((Path(folder) / "conformance.json").read_text())
+    except (OSError, ValueError):
+        return "an unknown place (no report: see its log.txt)"
+    running = [p["id"] for p in report.get("properties", []) if p.get("status") not in ("not-run",)]
+    return running[-1] if running else "its start-up (no property begun)"
+
+
 def cache_dir() -> Path:
     """DeepEP's kernel cache (``EP_JIT_CACHE_DIR``, else ``~/.deep_ep``: csrc/jit/compiler.hpp)."""
     return Path(os.environ.get("EP_JIT_CACHE_DIR") or Path.home() / ".deep_ep")
@@ -198,24 +223,30 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                 if LOG_ENV in config.rank_env:  # the warm-up's compiles go into the run's own log
                     env[LOG_ENV] = config.rank_env[LOG_ENV]
                 env.pop("PYTEST_XDIST_WORKER", None)
-                proc = subprocess.Popen(command(job, config, os.path.join(base, f"job{index}"), modules), env=env,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        preexec_fn=die_with_parent)
+                folder = os.path.join(base, f"job{index}")
+                os.makedirs(folder, exist_ok=True)
+                with open(os.path.join(folder, "log.txt"), "wb") as log:  # why a job failed or ran long
+                    proc = subprocess.Popen(command(job, config, folder, modules), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
                 running.append((job, proc, slot, time.monotonic()))
             time.sleep(0.5)
             for entry in list(running):
                 job, proc, slot, began = entry
-                if proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S:
-                    proc.kill()
-                    proc.wait()
+                stopped = proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S
+                if stopped:  # SIGTERM first: the job writes its partial report, which says where it was
+                    _stop(proc)
                 if proc.poll() is None:
                     continue
                 running.remove(entry)
                 free.append(slot)
+                folder = os.path.join(base, f"job{index_of(todo, job)}")
                 done.append({"job": job.describe(vocabulary), "exit": proc.returncode,
-                             "wall_s": round(time.monotonic() - began, 1)})
+                             "wall_s": round(time.monotonic() - began, 1), "log": os.path.join(folder, "log.txt")})
+                if stopped:
+                    done[-1]["stopped"] = f"at its {JOB_LIMIT_S:.0f} s limit; its last property begun: {_where(folder)}"
                 progress(f"conformance: JIT warm-up {len(done)}/{len(todo)} done: {job.describe(vocabulary)} in "
-                         f"{time.monotonic() - began:.0f} s (exit {proc.returncode})")
+                         f"{time.monotonic() - began:.0f} s (exit {proc.returncode})"
+                         + (f"; stopped {done[-1]['stopped']}" if stopped else ""))
     finally:  # an interrupted run leaves no warm-up run behind
         for _, proc, _, _ in running:
             if proc.poll() is None:
