@@ -38,7 +38,7 @@ def test_every_job_runs_keeps_its_output_and_a_job_past_its_limit_is_stopped(tmp
     assert result["side_by_side"] == jit.CPU_SIDE_BY_SIDE
     stopped = [j for j in result["jobs"] if "stopped" in j]
     assert len(stopped) == 1 and stopped[0]["exit"] == 3, result["jobs"]
-    assert "at its 3 s limit" in stopped[0]["stopped"] and "no report" in stopped[0]["stopped"]
+    assert "at its 3 s limit" in stopped[0]["stopped"] and "wrote no report" in stopped[0]["stopped"]
     assert "got SIGTERM" in Path(stopped[0]["log"]).read_text()  # SIGTERM, not SIGKILL: it could write its report
     for job in result["jobs"]:
         assert Path(job["log"]).read_text().startswith("stand-in job"), job

@@ -135,11 +135,6 @@ def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> 
     return args + (["--deep-ep", config.deep_ep] if config.deep_ep else [])
 
 
-def index_of(todo: list[Job], job: Job) -> int:
-    """The number of ``job`` in the warm-up (its folder ``job<N>``)."""
-    return next(i for i, j in enumerate(todo) if j is job)
-
-
 def _stop(proc: subprocess.Popen) -> None:
     """Stop a warm-up run: SIGTERM (the run writes its partial report), SIGKILL if it is still there 20 s later."""
     proc.terminate()
@@ -151,13 +146,13 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _where(folder: str) -> str:
-    """Which property a stopped warm-up run was in, from its partial report (``an unknown place`` without one)."""
+    """Where a stopped warm-up run had got to, from its partial report (its log.txt says more)."""
     try:
         report = json.loads((Path(folder) / "conformance.json").read_text())
     except (OSError, ValueError):
-        return "an unknown place (no report: see its log.txt)"
-    running = [p["id"] for p in report.get("properties", []) if p.get("status") not in ("not-run",)]
-    return running[-1] if running else "its start-up (no property begun)"
+        return "it wrote no report (see its log.txt)"
+    reached = [p["id"] for p in report.get("properties", []) if p.get("status") != "not-run"]
+    return f"the last property it reported: {reached[-1]}" if reached else "it reported no property"
 
 
 def cache_dir() -> Path:
@@ -207,7 +202,7 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
     else:
         slots = [gpus[i:i + per_world] for i in range(0, len(gpus) - per_world + 1, per_world)] or [gpus[:per_world]]
     started = time.monotonic()
-    running: list[tuple[Job, subprocess.Popen, int, float]] = []
+    running: list[tuple[Job, subprocess.Popen, int, float, str]] = []  # job, process, slot, start, folder
     done: list[dict[str, Any]] = []
     free = list(range(len(slots)))
     queue = list(enumerate(todo))
@@ -228,10 +223,10 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                 with open(os.path.join(folder, "log.txt"), "wb") as log:  # why a job failed or ran long
                     proc = subprocess.Popen(command(job, config, folder, modules), env=env, stdout=log,
                                             stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-                running.append((job, proc, slot, time.monotonic()))
+                running.append((job, proc, slot, time.monotonic(), folder))
             time.sleep(0.5)
             for entry in list(running):
-                job, proc, slot, began = entry
+                job, proc, slot, began, folder = entry
                 stopped = proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S
                 if stopped:  # SIGTERM first: the job writes its partial report, which says where it was
                     _stop(proc)
@@ -239,16 +234,15 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                     continue
                 running.remove(entry)
                 free.append(slot)
-                folder = os.path.join(base, f"job{index_of(todo, job)}")
                 done.append({"job": job.describe(vocabulary), "exit": proc.returncode,
                              "wall_s": round(time.monotonic() - began, 1), "log": os.path.join(folder, "log.txt")})
                 if stopped:
-                    done[-1]["stopped"] = f"at its {JOB_LIMIT_S:.0f} s limit; its last property begun: {_where(folder)}"
+                    done[-1]["stopped"] = f"at its {JOB_LIMIT_S:.0f} s limit; {_where(folder)}"
                 progress(f"conformance: JIT warm-up {len(done)}/{len(todo)} done: {job.describe(vocabulary)} in "
                          f"{time.monotonic() - began:.0f} s (exit {proc.returncode})"
                          + (f"; stopped {done[-1]['stopped']}" if stopped else ""))
     finally:  # an interrupted run leaves no warm-up run behind
-        for _, proc, _, _ in running:
+        for _, proc, _, _, _ in running:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
