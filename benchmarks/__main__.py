@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +254,9 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
         proc.terminate()
         code = proc.wait(timeout=120)
     wall = time.monotonic() - start
+    # run 21a on one H200: the call's limit came after pytest's end, with no word of what the benchmark was doing
+    print(f"benchmarks catalog: pytest ended after {wall:.0f} s (exit {code}); reading its report and the rank "
+          f"profiles in {profile_dir}", flush=True)
     report = json.loads((Path(report_dir) / "conformance.json").read_text())
     jit = report.get("jit") or {}
     warm = (jit.get("warm_up") or {}).get("wall_s", 0.0)
@@ -266,7 +270,17 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
             "median_examples_per_s_per_property": round(statistics.median(rates.values()), 2) if rates else None,
             "jit": {k: jit.get(k) for k in ("kernels", "compiles", "compile_s", "busy_s", "share", "by_kernel")},
             "warm_up_s": warm, "jit_cache": "cold (emptied first)" if fresh else "warm (kept)",
-            "rank_profile": rank_profile_shares(profile_dir), "command": "pytest " + " ".join(args)}
+            "rank_profile": _timed("rank profiles read", rank_profile_shares, profile_dir),
+            "command": "pytest " + " ".join(args)}
+
+
+def _timed(what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, saying how long it took (the catalog figure's steps after pytest, on a limited device call)."""
+    began = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        print(f"benchmarks catalog: {what} in {time.monotonic() - began:.1f} s", flush=True)
 
 
 #: Rank-side functions that wait for the device or copy between host and device (cProfile names).

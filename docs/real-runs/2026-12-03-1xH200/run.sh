@@ -28,7 +28,9 @@
 #   record    fixtures/record.py --sections $SECTIONS (default integrator_calls,cuda_graphs,capture_build; each unit
 #             stopped after $SECTION_TIMEOUT s, default 120) on the real library (two ranks sharing the GPU): the
 #             recording the emulation-fidelity self-test replays ($OUT/record/rank{0,1}.pt, log.txt)
-# T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).
+# T: the outer time limit of each part in seconds (SIGTERM: the run stops and writes its partial report).  For the
+#   catalog parts keep T + 150 s within the device call's limit: the benchmark waits up to 120 s for a stopped run's
+#   report, then reads it and the rank profiles (run 21a, T=540: the 600 s call ended before anything was copied).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source .deepep-kit/activate.sh || exit 1
