@@ -92,8 +92,8 @@ def test_what_a_rank_printed_during_a_task_that_raised_is_in_its_story(world: Wo
     assert "what this rank printed during the task" in told and "identifier undefined" in told, told
     assert "identifier undefined" not in info.value.per_rank[0]
     with pytest.raises(RankRaised) as again:  # the next task's story holds only what that task printed
-        world.run("tests.world_tasks:raise_on_rank", 2, timeout=60)
-    assert "identifier undefined" not in str(again.value)
+        world.run("tests.world_tasks:print_then_raise_in_step", 1, False, timeout=60)
+    assert again.value.in_step and "identifier undefined" not in str(again.value)
 
 
 def test_hang_times_out_with_stacks(world: World) -> None:
