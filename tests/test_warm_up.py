@@ -44,3 +44,39 @@ def test_every_job_runs_keeps_its_output_and_a_job_past_its_limit_is_stopped(tmp
         assert Path(job["log"]).read_text().startswith("stand-in job"), job
     assert any("stopped at its 3 s limit" in line for line in lines), lines
     assert result["wall_s"] < 30
+
+
+def _compiles_then_lingers(job: jit.Job, config, folder: str, modules) -> list[str]:
+    """A job that logs one compile at once (as ``nvcc_timed`` does) and then runs examples for a minute."""
+    body = ("import json, os, signal, sys, time\n"
+            "now = time.time()\n"
+            "with open(os.environ['CONFORMANCE_JIT_LOG'], 'a') as f:\n"
+            "    f.write(json.dumps({'start': now, 'end': now, 'exit': 0, 'kernel': 'k', 'kind': 'cubin'}) + '\\n')\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+            "time.sleep(60)\n")
+    return [sys.executable, "-c", body]
+
+
+def test_once_the_compiles_are_over_the_remaining_runs_are_stopped(tmp_path, monkeypatch) -> None:
+    """Runs 16 and 19a (one H200): the warm-up's compiles ended 41-53 s after the first began, its runs went on to
+    100 s and 150 s; a quiet compile log ends the warm-up instead."""
+    monkeypatch.setattr(jit, "command", _compiles_then_lingers)
+    monkeypatch.setattr(jit, "CPU_SIDE_BY_SIDE", 10)
+    monkeypatch.setattr(jit, "QUIET_S", 1.0)
+    monkeypatch.setattr(jit, "QUIET_MIN_S", 4.0)  # every stand-in has started and logged by then
+    monkeypatch.setattr(jit, "warmed", lambda config: None)
+    log = tmp_path / "jit.log"
+    config = SimpleNamespace(device="cpu", shape=SimpleNamespace(ranks_per_node=2), gpu_ids=[], rank_setup="isolated",
+                             rank_env={jit.LOG_ENV: str(log)}, shapes="jit")
+    lines: list[str] = []
+    result = jit.warm_up(config, str(tmp_path), lines.append)
+    assert len(result["jobs"]) == 10 and 4 <= result["wall_s"] < 30, result
+    assert all("without a compile" in job.get("stopped", "") and job["exit"] != 0 for job in result["jobs"]), result
+    assert jit.read_log(str(log))
+
+
+def test_no_compile_log_no_early_stop(tmp_path, monkeypatch) -> None:
+    """Without a compile log (the emulation's warm-up) nothing is stopped for quiet."""
+    assert jit._quiet(None, 0.0, 0.0) is None
+    monkeypatch.setattr(jit, "QUIET_MIN_S", 0.0)
+    assert jit._quiet(str(tmp_path / "absent.log"), 0.0, 0.0) is None  # no compile seen yet

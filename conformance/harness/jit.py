@@ -13,7 +13,8 @@ vocabulary shape, a few examples each, in several small pytest runs side by side
 GPU all of them share it, on several each takes its own), every one writing into the same kernel cache.  A kernel
 compiles in one process at a time (each call of the JIT is synchronous), so the side-by-side runs are what make the
 compiles concurrent; the run proper then finds its kernels in the cache.  Their verdicts are not the run's (the
-run checks every property again); a warm-up run that fails only costs compiles later.
+run checks every property again); a warm-up run that fails only costs compiles later.  A run stops at its limit, or
+once the compile log has been quiet a while (:data:`QUIET_S`): what is left then is examples, not compiles.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ EXAMPLES = 2
 #: Seconds a warm-up run may take before it is stopped (its compiles come first; a run held up by a slow or hanging
 #: property must not hold up the run proper: what it did not compile compiles later, when needed).
 JOB_LIMIT_S = 150.0
+#: Once every warm-up run has started, no compile has ended for this many seconds and the warm-up has run
+#: :data:`QUIET_MIN_S`, the runs still going are stopped: the vocabulary's kernels are compiled, what is left is their
+#: examples.  (On one H200 the compiles of the warm-up ended 53 s and 41 s after the first began, runs 16 and 19a,
+#: while its runs went on to 100 s and 150 s.)  A kernel a stopped run had yet to compile compiles when needed.
+QUIET_S = 25.0
+QUIET_MIN_S = 45.0
 #: The file a finished warm-up leaves in the kernel cache: a later run on the same vocabulary, DeepEP and backends
 #: skips its warm-up (``--warm-up auto``): the kernels are there.
 MARKER = "conformance-warm-up.json"
@@ -145,6 +152,17 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _quiet(log: str | None, wall_started: float, started: float) -> str | None:
+    """Why the warm-up's remaining runs can stop (:data:`QUIET_S`), or ``None``: the compile log (``log``, epoch
+    seconds) shows compiles of this warm-up, the last ended :data:`QUIET_S` ago, and :data:`QUIET_MIN_S` have passed."""
+    if log is None or time.monotonic() - started < QUIET_MIN_S:
+        return None
+    ends = [e.get("end", 0.0) for e in read_log(log, wall_started)]
+    if not ends or time.time() - max(ends) < QUIET_S:
+        return None
+    return f"after {QUIET_S:.0f} s without a compile (the warm-up's kernels are compiled)"
+
+
 def _where(folder: str) -> str:
     """Where a stopped warm-up run had got to, from its partial report (its log.txt says more)."""
     try:
@@ -201,8 +219,9 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
         slots = [gpus[:1]] * len(todo)
     else:
         slots = [gpus[i:i + per_world] for i in range(0, len(gpus) - per_world + 1, per_world)] or [gpus[:per_world]]
-    started = time.monotonic()
+    started, wall_started = time.monotonic(), time.time()
     running: list[tuple[Job, subprocess.Popen, int, float, str]] = []  # job, process, slot, start, folder
+    quieted: dict[int, str] = {}  # pid -> why the run was stopped once the compiles were over (:func:`_quiet`)
     done: list[dict[str, Any]] = []
     free = list(range(len(slots)))
     queue = list(enumerate(todo))
@@ -225,9 +244,16 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                                             stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
                 running.append((job, proc, slot, time.monotonic(), folder))
             time.sleep(0.5)
+            quiet = _quiet(config.rank_env.get(LOG_ENV), wall_started, started) if not queue else None
+            if quiet:  # SIGTERM to every run still going at once (each writes its partial report)
+                for _, proc, _, _, _ in running:
+                    if proc.poll() is None:
+                        proc.terminate()
+                        quieted[proc.pid] = quiet
             for entry in list(running):
                 job, proc, slot, began, folder = entry
-                stopped = proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S
+                limit = proc.poll() is None and time.monotonic() - began > JOB_LIMIT_S
+                stopped = f"at its {JOB_LIMIT_S:.0f} s limit" if limit else quieted.get(proc.pid)
                 if stopped:  # SIGTERM first: the job writes its partial report, which says where it was
                     _stop(proc)
                 if proc.poll() is None:
@@ -237,7 +263,7 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                 done.append({"job": job.describe(vocabulary), "exit": proc.returncode,
                              "wall_s": round(time.monotonic() - began, 1), "log": os.path.join(folder, "log.txt")})
                 if stopped:
-                    done[-1]["stopped"] = f"at its {JOB_LIMIT_S:.0f} s limit; {_where(folder)}"
+                    done[-1]["stopped"] = f"{stopped}; {_where(folder)}"
                 progress(f"conformance: JIT warm-up {len(done)}/{len(todo)} done: {job.describe(vocabulary)} in "
                          f"{time.monotonic() - began:.0f} s (exit {proc.returncode})"
                          + (f"; stopped {done[-1]['stopped']}" if stopped else ""))
