@@ -26,7 +26,7 @@ def _stand_in(job: jit.Job, config, folder: str, modules) -> list[str]:
 
 def test_every_job_runs_keeps_its_output_and_a_job_past_its_limit_is_stopped(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(jit, "command", _stand_in)
-    monkeypatch.setattr(jit, "JOB_LIMIT_S", 3.0)
+    monkeypatch.setattr(jit, "JOB_LIMIT_S", 1.5)
     monkeypatch.setattr(jit, "warmed", lambda config: None)
     config = SimpleNamespace(device="cpu", shape=SimpleNamespace(ranks_per_node=2), gpu_ids=[], rank_setup="isolated",
                              rank_env={}, shapes="jit")
@@ -38,11 +38,11 @@ def test_every_job_runs_keeps_its_output_and_a_job_past_its_limit_is_stopped(tmp
     assert result["side_by_side"] == jit.CPU_SIDE_BY_SIDE
     stopped = [j for j in result["jobs"] if "stopped" in j]
     assert len(stopped) == 1 and stopped[0]["exit"] == 3, result["jobs"]
-    assert "at its 3 s limit" in stopped[0]["stopped"] and "wrote no report" in stopped[0]["stopped"]
+    assert "at its 2 s limit" in stopped[0]["stopped"] and "wrote no report" in stopped[0]["stopped"]
     assert "got SIGTERM" in Path(stopped[0]["log"]).read_text()  # SIGTERM, not SIGKILL: it could write its report
     for job in result["jobs"]:
         assert Path(job["log"]).read_text().startswith("stand-in job"), job
-    assert any("stopped at its 3 s limit" in line for line in lines), lines
+    assert any("stopped at its 2 s limit" in line for line in lines), lines
     assert result["wall_s"] < 30
 
 
@@ -63,14 +63,14 @@ def test_once_the_compiles_are_over_the_remaining_runs_are_stopped(tmp_path, mon
     monkeypatch.setattr(jit, "command", _compiles_then_lingers)
     monkeypatch.setattr(jit, "CPU_SIDE_BY_SIDE", 10)
     monkeypatch.setattr(jit, "QUIET_S", 1.0)
-    monkeypatch.setattr(jit, "QUIET_MIN_S", 4.0)  # every stand-in has started and logged by then
+    monkeypatch.setattr(jit, "QUIET_MIN_S", 2.5)  # every stand-in has started and logged by then
     monkeypatch.setattr(jit, "warmed", lambda config: None)
     log = tmp_path / "jit.log"
     config = SimpleNamespace(device="cpu", shape=SimpleNamespace(ranks_per_node=2), gpu_ids=[], rank_setup="isolated",
                              rank_env={jit.LOG_ENV: str(log)}, shapes="jit")
     lines: list[str] = []
     result = jit.warm_up(config, str(tmp_path), lines.append)
-    assert len(result["jobs"]) == 10 and 4 <= result["wall_s"] < 30, result
+    assert len(result["jobs"]) == 10 and 2.5 <= result["wall_s"] < 30, result
     assert all("without a compile" in job.get("stopped", "") and job["exit"] != 0 for job in result["jobs"]), result
     assert jit.read_log(str(log))
 

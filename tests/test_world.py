@@ -75,15 +75,6 @@ def test_crash_names_the_call_and_what_it_was_for(world: World) -> None:
     assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
 
 
-def test_a_sticky_error_retires_the_world_and_stays_the_backends(world: World) -> None:
-    with pytest.raises(RankRaised) as info:
-        world.run("tests.world_tasks:sticky_error_in_backend", timeout=60)
-    assert not info.value.in_step  # retired, not kept
-    assert info.value.culprit_call() == "real-v1|low_latency_dispatch"  # charged to real-v1, not to every backend
-    assert "illegal memory access" in info.value.per_rank[0]
-    assert world.run("tests.world_tasks:all_reduce_rank", timeout=60) == [6, 6, 6, 6]
-
-
 def test_what_a_rank_printed_during_a_task_that_raised_is_in_its_story(world: World) -> None:
     with pytest.raises(RankRaised) as info:
         world.run("tests.world_tasks:print_then_raise_in_step", 1, timeout=60)
@@ -142,3 +133,12 @@ def test_restarts_never_hang_in_the_first_connect() -> None:
         for i in range(40):
             assert len(w.run("os:getpid", timeout=20)) == 3, f"restart {i}"
             w.kill()
+
+
+def test_a_sticky_error_retires_the_world_and_stays_the_backends(world: World) -> None:
+    """Last in the module: the world it retires is not needed again (rebuilding one is shown above)."""
+    with pytest.raises(RankRaised) as info:
+        world.run("tests.world_tasks:sticky_error_in_backend", timeout=60)
+    assert not info.value.in_step  # retired, not kept
+    assert info.value.culprit_call() == "real-v1|low_latency_dispatch"  # charged to real-v1, not to every backend
+    assert "illegal memory access" in info.value.per_rank[0]
