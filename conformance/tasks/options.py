@@ -129,12 +129,11 @@ def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_
     ends = layout.psum_num_recv_tokens_per_expert.tolist()  # aligned start + raw count, per local expert
     counts = layout.num_unaligned_recv_tokens_per_expert.tolist()
     for local, (end, count) in enumerate(zip(ends, counts, strict=True)):
-        expert = rank * experts_per_rank + local
+        scale = 33 + 2 * (rank * experts_per_rank + local)  # an integer: exact in float32
         rows = slice(int(end) - int(count), int(end))
-        out[rows] = (recv_x[rows].float() * (33 + 2 * expert)).to(torch.bfloat16)
+        out[rows] = (recv_x[rows].float() * scale).to(torch.bfloat16)
         if out_w is not None:
-            out_w[rows] = recv_w[rows].float() * torch.tensor(float(33 + 2 * expert), dtype=torch.float32,
-                                                              device=recv_w.device)
+            out_w[rows] = recv_w[rows].float() * scale
     return out, out_w
 
 
