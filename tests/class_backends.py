@@ -61,3 +61,13 @@ class SharedGpuHangingElasticBuffer(ElasticBuffer):
 class SharedGpuHangingFork(SharedGpuHangingElasticBuffer):
     """The same hang in a class that is not the real library's (a fork): no set-up limit applies, so its calls hang,
     and the harness must charge the hang to it alone (``harness.faults.HungBackend``)."""
+
+
+class DispatchHangingFork(ElasticBuffer):
+    """A fork whose ``dispatch`` never returns where the ranks share one GPU: a hang in the middle of a P30 call
+    sequence, which must end that sequence, fail this backend alone and leave it out of the next sequences."""
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        while os.environ.get("CONFORMANCE_RANK_SETUP") == "shared":
+            time.sleep(3600)
+        return super().dispatch(*args, **kwargs)

@@ -89,7 +89,7 @@ def _fail_hung(property_id: str, recorder: Any, others: list[str], broken_messag
     first = next(iter(recorder.hung.values()))
     recorder.cause, recorder.last_example = recorder.cause or first.cause, first.case  # (a broken build's stays)
     message = (f"{property_id}: " + "; ".join(hung.describe() for hung in recorder.hung.values()) + "."
-               + (f" The other backends ({', '.join(others)}) were checked on every example." if others else ""))
+               + (f" The other backends ({', '.join(others)}) were checked without it." if others else ""))
     pytest.fail(message + (f" {broken_message}" if broken_message else ""), pytrace=False)
 
 

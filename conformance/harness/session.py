@@ -317,7 +317,8 @@ class Session:
         backend = hang.backend or (hang.culprit_call() or "").partition("|")[0]
         if not self.contain_hangs or backend not in names:
             return None
-        hung = HungBackend(backend, cause_of(hang, backend), case, self.config.example_timeout_s)
+        cause = {**cause_of(hang, backend), "contained": True}  # (the report: no budget was spent on it)
+        hung = HungBackend(backend, cause, case, self.config.example_timeout_s)
         self.recorder.hung[backend] = hung
         self.record_not_checked(backend, hung.not_checked())
         self.budget.charge(hang, case, self.config.example_timeout_s, contained=True)
