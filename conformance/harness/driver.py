@@ -111,8 +111,11 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
             session.progress(property_id, recorder.examples)
 
     if prop.configured is not None:  # an option's mode (--soak): its chosen cases (the skip was decided above)
-        for case in configured:
-            check_one(case)
+        try:
+            for case in configured:
+                check_one(case)
+        except (KnownDefectStop, AllHung) as stopped:
+            recorder.stopped = str(stopped)
         return
 
     # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,

@@ -58,8 +58,10 @@ def _direct_buffer(spec: BackendSpec) -> Any:
     """A small ``allow_hybrid_mode=False`` buffer with the automatic QP cap (kept for the process)."""
     def build() -> Any:
         adapter = get_adapter(spec)
-        buffer = adapter.module.ElasticBuffer(context().group, num_max_tokens_per_rank=16, hidden=256, num_topk=1,
-                                              allow_hybrid_mode=False, num_allocated_qps=0, explicitly_destroy=True)
+        arguments = {"num_max_tokens_per_rank": 16, "hidden": 256, "num_topk": 1, "allow_hybrid_mode": False,
+                     "num_allocated_qps": 0, "explicitly_destroy": True}
+        refuse_if_limited(spec.real, "ElasticBuffer.__init__", arguments)
+        buffer = adapter.module.ElasticBuffer(context().group, **arguments)
         on_shutdown(buffer.destroy)
         return buffer
     return cached(("p11-direct-buffer", spec), build)
@@ -184,10 +186,11 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     for offender in offenders:
         over[offender] = example.num_max_tokens_per_rank + case.over_tokens
     big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
-    impatient = adapter.module.ElasticBuffer(
-        ctx.group, num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden,
-        num_topk=example.num_topk, num_allocated_qps=0, explicitly_destroy=True,
-        num_cpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S, num_gpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S)
+    arguments = {"num_max_tokens_per_rank": example.num_max_tokens_per_rank, "hidden": example.hidden,
+                 "num_topk": example.num_topk, "num_allocated_qps": 0, "explicitly_destroy": True,
+                 "num_cpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S, "num_gpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S}
+    refuse_if_limited(adapter.spec.real, "ElasticBuffer.__init__", arguments)
+    impatient = adapter.module.ElasticBuffer(ctx.group, **arguments)
     try:
         got["too_many_tokens"], _ = _call(impatient.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
                                                                      "topk_weights": big.topk_weights})
