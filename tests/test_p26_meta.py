@@ -4,9 +4,10 @@ reader gets past the valid rows: the emulation's uninitialised bytes."""
 
 import torch
 
-from conformance.emulation._uninit import POISON_BYTE, uninitialised
+from conformance.emulation._uninit import uninitialised
 from conformance.properties.test_p26_worst_case_whole import KEY, describe
 from conformance.strategies import examples
+from conformance.versions import POISON_BYTE
 from tests.meta import assert_caught, assert_holds, sample
 
 PID = "P26-worst-case-whole"

@@ -1,7 +1,7 @@
 """The evidence of the real-library runs (``docs/real-runs/``) and what the suite concluded from it.
 
 A failure of the real DeepEP is kept (its report under ``docs/real-runs/<date>-<machine>/``) and explained by an
-entry of ``conformance/known_defects/deep_ep-<version>.toml``; this checks that each kept failure is matched by its
+entry of ``conformance/versions/<version>/known-defects.toml``; this checks that each kept failure is matched by its
 entry, and by no other, and that the reports kept as real runs say ``real: true``."""
 
 from __future__ import annotations

@@ -49,6 +49,8 @@ class CheckContext(Protocol):
     def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
     def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 
+    def contract(self, backend: str) -> Any: ...  # conformance.versions.Contract of the version backend is driven by
+
 
 @dataclass(frozen=True)
 class Stateful:

@@ -27,13 +27,13 @@ from conformance.assertions import assert_receipts_equal, assert_same_tokens, fo
 from conformance.canonical import receipts_from_view
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, v2_layout
-from conformance.emulation._uninit import POISON_BYTE
 from conformance.oracle import expected_aligned_counts, expected_receipts, expected_received_tokens
 from conformance.oracle.counts import expected_padding_rows
 from conformance.properties import CheckContext, Property, register
 from conformance.properties.test_p20_dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.strategies import examples, sized
 from conformance.tasks.worst_case import worst_case_views
+from conformance.versions import POISON_BYTE
 
 #: The report's artifact: backend -> "variant output[region]" -> what was read there over the examples.
 KEY = "what a reader gets"

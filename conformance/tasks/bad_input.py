@@ -10,7 +10,6 @@ from typing import Any
 from conformance.backends.factory import get_adapter
 from conformance.core.cases import BadCallCase, row_api
 from conformance.core.views import DispatchOptions, Raised
-from conformance.emulation import _refusals
 from conformance.tasks import refusals
 from conformance.tasks.env import RankEnv, rank_task
 
@@ -40,7 +39,7 @@ def _bad_calls(env: RankEnv, case: BadCallCase, shared: refusals.SharedBuffers) 
     rows: dict[str, dict[str, Any]] = {}
     used: dict[str, Any] = {}  # backend name -> its spec
     for row_id in case.rows:
-        api = row_api(_refusals.rows()[row_id])
+        api = row_api(refusals.rows()[row_id])
         done_impls: set[str] = set()
         per_backend = rows.setdefault(row_id, {})
         for spec in env.specs(capability="bad_input"):

@@ -1,4 +1,4 @@
-"""Bad calls: for every live row of the refusal table (``conformance/emulation/refusals.toml``) a *recipe* that
+"""Bad calls: for every live row of the refusal table (``conformance/versions/<version>/refusals.toml``) a *recipe* that
 makes exactly the offending call, and its *neighbour*, the closest valid call (named ``<row id>`` and
 ``<row id>.ok`` in :data:`RECIPES`).
 
