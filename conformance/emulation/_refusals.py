@@ -39,6 +39,11 @@ _VERSION: contextvars.ContextVar[str] = contextvars.ContextVar("deep_ep_emulated
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def current() -> str:
+    """The DeepEP version being emulated now (whose table and rules apply)."""
+    return _VERSION.get()
+
+
 def table() -> versions.RefusalTable:
     """The refusal table of the version being emulated now."""
     return versions.contract(_VERSION.get()).refusals

@@ -284,7 +284,8 @@ def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
                 "description": spec.description, "deep_ep": spec.deep_ep}
     if not spec.plugin:
         return {"name": spec.name, "api": spec.class_name, "real": spec.real,
-                "module": "deep_ep" if spec.real else "conformance.emulation"}
+                "module": "deep_ep" if spec.real else spec.contract.emulation,
+                "deep_ep_version": spec.contract.version, **({"removed": spec.removed} if spec.removed else {})}
     module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
     return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "plugin": spec.source,
             "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep,
@@ -641,7 +642,10 @@ def _kind(backend: dict[str, Any]) -> str:
     if "class" in backend:
         return f"class backend {backend['class']} in place of deep_ep.{backend['api']}, real: {backend['real']}"
     if "plugin" not in backend:
-        return "real" if backend["real"] else "emulated"
+        seen = (backend.get("deep_ep_seen") or {}).get("version") or backend.get("deep_ep_version")
+        version = f", deep_ep {seen}" if seen else ""
+        gone = ": unsupported, not in this version" if backend.get("removed") else ""
+        return ("real" if backend["real"] else "emulated") + version + gone
     on = {"real": "real deep_ep", "emulation": "conformance.emulation as deep_ep"}.get(backend.get("deep_ep"),
                                                                                         "no deep_ep")
     return f"plug-in {backend['plugin']}, {backend['api']} contract, on {on}"

@@ -59,8 +59,8 @@ def _direct_buffer(spec: BackendSpec) -> Any:
     """A small ``allow_hybrid_mode=False`` buffer with the automatic QP cap (kept for the process)."""
     def build() -> Any:
         adapter = get_adapter(spec)
-        buffer = adapter.module.ElasticBuffer(context().group, num_max_tokens_per_rank=16, hidden=256, num_topk=1,
-                                              allow_hybrid_mode=False, num_allocated_qps=0, explicitly_destroy=True)
+        buffer = adapter.new_buffer(context().group, num_max_tokens_per_rank=16, hidden=256, num_topk=1,
+                                    allow_hybrid_mode=False, num_allocated_qps=0, explicitly_destroy=True)
         on_shutdown(buffer.destroy)
         return buffer
     return cached(("p11-direct-buffer", spec), build)
@@ -82,7 +82,7 @@ def _explicit_buffer(adapter: Any, case: QpCase) -> tuple[Any, int]:
     shape, and the ``num_bytes`` it was asked for (the caller destroys it)."""
     example = case.example
     num_bytes = adapter.size_hint(example) + case.extra_bytes + case.num_cpu_bytes
-    buffer = adapter.module.ElasticBuffer(
+    buffer = adapter.new_buffer(  # the version's keywords (DeepEP 2.5.0 has no num_cpu_bytes: only 0 is passed there)
         context().group, num_bytes=num_bytes, num_cpu_bytes=case.num_cpu_bytes,
         num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden, num_topk=example.num_topk,
         num_allocated_qps=case.num_allocated_qps, explicitly_destroy=True)
@@ -188,7 +188,7 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     for offender in offenders:
         over[offender] = example.num_max_tokens_per_rank + case.over_tokens
     big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
-    impatient = adapter.module.ElasticBuffer(
+    impatient = adapter.new_buffer(
         ctx.group, num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden,
         num_topk=example.num_topk, num_allocated_qps=0, explicitly_destroy=True,
         num_cpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S, num_gpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S)

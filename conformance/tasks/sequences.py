@@ -96,9 +96,9 @@ def _build(state: BackendState, case: SequenceCase, num_nodes: int, group: Any) 
     if state.spec.api == "v1":
         return state.module.Buffer(group, num_nvl_bytes=NUM_NVL_BYTES,
                                    num_rdma_bytes=NUM_RDMA_BYTES if num_nodes > 1 else 0, explicitly_destroy=True)
-    return state.module.ElasticBuffer(group, num_max_tokens_per_rank=case.num_max_tokens_per_rank, hidden=case.hidden,
-                                      num_topk=case.num_topk, deterministic=False, num_allocated_qps=0,
-                                      explicitly_destroy=True)
+    return get_adapter(state.spec).new_buffer(  # the version's V2 class (ElasticBuffer, EPBuffer)
+        group, num_max_tokens_per_rank=case.num_max_tokens_per_rank, hidden=case.hidden, num_topk=case.num_topk,
+        deterministic=False, num_allocated_qps=0, explicitly_destroy=True)
 
 
 def _previous(state: BackendState, after: int) -> Any:

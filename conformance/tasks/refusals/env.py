@@ -112,6 +112,21 @@ class SharedBuffers:
                 buffer.destroy()
 
 
+def contract_of(module: Any) -> Any:
+    """The contract of ``module``'s DeepEP version (``conformance.versions``), by its ``__version__`` and the classes
+    it exports."""
+    from conformance import versions
+
+    exports = [name for name in ("ElasticBuffer", "EPBuffer") if hasattr(module, name)]
+    return versions.contract_for(getattr(module, "__version__", None), exports)[0]
+
+
+def v2_class(module: Any) -> Any:
+    """``module``'s V2 buffer class: the one its DeepEP version's contract names (``ElasticBuffer`` in 2.1.0,
+    ``EPBuffer`` in 2.5.0)."""
+    return getattr(module, contract_of(module).class_name("v2") or "ElasticBuffer")
+
+
 @dataclass
 class BadCallEnv:
     """What a recipe needs: the module under test, the world, and this rank's inputs of the example."""
@@ -126,6 +141,11 @@ class BadCallEnv:
     num_nodes: int = 1
     shared: SharedBuffers | None = None
     _buffers: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def token_rdma_align(self) -> int:
+        """The alignment of a V2 token layout's data in the module's version (1: none in 2.1.0; 64 in 2.5.0)."""
+        return int(contract_of(self.module).rule("token_rdma_align", 1))
 
     # buffers, built the way the suite's adapters build them (conformance/backends/legacy.py, elastic.py)
     def v1_buffer(self, **overrides: Any) -> Any:
@@ -156,7 +176,7 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
-        buffer = self.module.ElasticBuffer(group, **kwargs)
+        buffer = v2_class(self.module)(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
 

@@ -58,6 +58,7 @@ REQUIRES: dict[str, Callable[[Example], bool]] = {
     "ranks_not_multiple_of_4": lambda ex: ex.world_size % 4 != 0,
     "two_local_experts": lambda ex: ex.num_experts // ex.world_size >= 2,
     "at_most_7_ranks": lambda ex: ex.world_size <= 7,
+    "at_most_3_ranks": lambda ex: ex.world_size <= 3,  # 513 experts per rank within 2048 (DeepEP 2.5.0's limits)
 }
 
 #: name -> callable (offending calls under the row id, neighbours under ``<row id>.ok``).
