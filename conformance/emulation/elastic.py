@@ -159,17 +159,17 @@ def _destructor(buffer: ElasticBuffer) -> None:
     barrier on a destroyed group's communicator faults and the exception leaves the destructor: the process dies (the
     emulation prints what the real one prints and aborts).  With ``explicitly_destroy`` and no ``destroy()``, the
     library's warning.  (A barrier on a live group is not emulated: the emulation's buffers hold nothing to release.)
-    The texts are the buffer class's (:attr:`ElasticBuffer.COLLECTED_AFTER_GROUP`, ``NOT_DESTROYED``)."""
+    The texts are the buffer class's (``_COLLECTED_AFTER_GROUP``, ``_NOT_DESTROYED``)."""
     if getattr(buffer, "runtime", None) is None:
         return
     if not buffer.explicitly_destroy:
         if _group_destroyed(buffer.group):
             sys.stdout.flush()
-            sys.stderr.write(type(buffer).COLLECTED_AFTER_GROUP + "\n")
+            sys.stderr.write(type(buffer)._COLLECTED_AFTER_GROUP + "\n")
             sys.stderr.flush()
             os.abort()
     else:
-        print(type(buffer).NOT_DESTROYED, flush=True)
+        print(type(buffer)._NOT_DESTROYED, flush=True)
     buffer.runtime = None
 
 
@@ -231,12 +231,13 @@ class ElasticBuffer:
     checks and refusal table."""
 
     #: The DeepEP version this class models (its refusal table is the one ``_refusals`` raises from).
-    VERSION = "2.1.0"
-    #: The handle class its dispatch returns.
-    HANDLE: type = EPHandle
+    _VERSION = "2.1.0"
+    #: The handle class its dispatch returns, and the event wrapper its calls return.
+    _HANDLE: type = EPHandle
+    _EVENT_OVERLAP: type = EventOverlap
     #: What the process prints and does when a buffer is collected after its group was destroyed, or never destroyed.
-    COLLECTED_AFTER_GROUP = COLLECTED_AFTER_GROUP
-    NOT_DESTROYED = "`destroy()` is not called before DeepEP elastic buffer destruction, which can leak resources."
+    _COLLECTED_AFTER_GROUP = COLLECTED_AFTER_GROUP
+    _NOT_DESTROYED = "`destroy()` is not called before DeepEP elastic buffer destruction, which can leak resources."
 
     def __init__(
         self,
@@ -505,7 +506,7 @@ class ElasticBuffer:
     ) -> tuple[XType, torch.Tensor | None, torch.Tensor | None, EPHandle, EventOverlap]:
         """``self.runtime.dispatch`` and what the wrapper does with its result (every version's): the argument
         conversion, the runtime's checks (:meth:`_check_dispatch`, the version's order), the exchange, the received
-        tensors (worst-case rows and gaps uninitialised), the handle (``HANDLE``), the event, the deterministic
+        tensors (worst-case rows and gaps uninitialised), the handle (``_HANDLE``), the event, the deterministic
         epilogue (a hook of the event when ``deterministic_by_hook``).  ``events``: the events the call waits for
         (``previous_event`` first).  ``after_exchange``: a check the runtime makes after its kernels were launched."""
         x, sf, topk_idx, handle = call["x"], call["sf"], call["topk_idx"], call["handle"]
@@ -569,7 +570,7 @@ class ElasticBuffer:
                                               device=x.device)
                 linked_list = torch.full((channels, rows, self.num_scaleup_ranks), -1, dtype=torch.int32,
                                          device=x.device)
-            handle = self.HANDLE(
+            handle = self._HANDLE(
                 do_expand,
                 num_experts,
                 expert_alignment,
@@ -587,7 +588,7 @@ class ElasticBuffer:
                 forward_metadata,
                 linked_list,
             )
-        event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
+        event_overlap = self._EVENT_OVERLAP(EventHandle(x.device) if async_with_compute_stream else None)
         if self.deterministic:  # the real deterministic epilogue (the order is already final, see DIVERGENCES.md)
             epilogue = functools.partial(self._deterministic_epilogue, handle, cached)
             if deterministic_by_hook:
@@ -603,7 +604,7 @@ class ElasticBuffer:
 
     def _under_version(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """``fn`` raising from this class's version's table when it runs later (a hook run at an event's wait)."""
-        version = self.VERSION
+        version = self._VERSION
 
         def run() -> Any:
             with _refusals.version(version):
@@ -945,7 +946,7 @@ class ElasticBuffer:
                     owner[tok] == s,
                 )
                 combined_w[tok] = torch.where(slot_mask, p["w"], combined_w[tok])
-        event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
+        event_overlap = self._EVENT_OVERLAP(EventHandle(x.device) if async_with_compute_stream else None)
         return combined_x, combined_w, event_overlap
 
     @seam("v2_reduces_on_the_way")

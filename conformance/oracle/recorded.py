@@ -17,3 +17,11 @@ def recorded_errors(version: str | None = "2.1.0") -> dict[str, tuple[str, str]]
     """``{name: (exception type, message)}`` recorded from the real DeepEP ``version`` (same on both ranks; empty for
     a version nothing was recorded of yet)."""
     return dict(versions.contract(version).recorded_errors)
+
+
+def expected_refusal(contract: versions.Contract, recorded: str, row_id: str) -> tuple[str, str]:
+    """``(exception type, message)`` a call must raise on ``contract``'s DeepEP version: what the real library raised
+    where it was recorded (``recorded``, a name of ``recorded-errors.json``), else the version's refusal-table row
+    ``row_id`` (read from its source)."""
+    found = contract.recorded_errors.get(recorded)
+    return found if found is not None else (contract.refusals.exception(row_id), contract.refusals.message(row_id))

@@ -83,11 +83,12 @@ def known_versions() -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Removed:
-    """A keyword of a call that the version removed (``value`` is ``None``) or whose value ``value`` it refuses.
+    """A keyword of a call that the version removed (``value`` is ``None``), whose value ``value`` it refuses, or that
+    it renamed (``renamed_to``: the same parameter under a new name).
 
-    ``call`` is the method (``__init__``, ``dispatch``, ``combine``) of the API's class; ``old_default`` is the
-    value the previous version took when the keyword was not given: a call passing exactly that is the same call
-    without it (the keyword is dropped, not refused)."""
+    ``call`` is the method (``__init__``, ``dispatch``, ``combine``, ``barrier``) of the API's class; ``old_default``
+    is the value the previous version took when the keyword was not given: a call passing exactly that is the same
+    call without it (the keyword is dropped, not refused)."""
 
     api: str
     call: str
@@ -95,6 +96,7 @@ class Removed:
     reason: str
     value: Any = None
     old_default: Any = None
+    renamed_to: str | None = None
 
     @property
     def where(self) -> str:
@@ -214,12 +216,15 @@ class Contract:
         return self.rules.get(name, default)
 
     def call_kwargs(self, api: str, call: str, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """``kwargs`` of ``api``'s ``call`` as this version takes them: a keyword it removed is dropped where its
-        value is the old default (the same call without it); any other use of a removed keyword, or a value it
-        refuses, raises :class:`NotInVersion` with the reason."""
+        """``kwargs`` of ``api``'s ``call`` as this version takes them: a renamed keyword under its new name; a keyword
+        it removed is dropped where its value is the old default (the same call without it); any other use of a
+        removed keyword, or a value it refuses, raises :class:`NotInVersion` with the reason."""
         out = dict(kwargs)
         for removed in self.removed:
             if removed.api != api or removed.call != call or removed.keyword not in out:
+                continue
+            if removed.renamed_to:
+                out[removed.renamed_to] = out.pop(removed.keyword)
                 continue
             given = out[removed.keyword]
             if removed.value is None:
@@ -297,7 +302,7 @@ def _load(version: str) -> Contract:
     if data.get("version") != version:
         raise ValueError(f"{path}: version {data.get('version')!r}, expected {version!r} (the folder's name)")
     removed = tuple(Removed(api=r["api"], call=r["call"], keyword=r["keyword"], reason=r["reason"],
-                            value=r.get("value"), old_default=r.get("old_default"))
+                            value=r.get("value"), old_default=r.get("old_default"), renamed_to=r.get("renamed_to"))
                     for r in data.get("removed", []))
     classes = dict(data.get("classes", {}))
     removed_apis = dict(data.get("removed_apis", {}))

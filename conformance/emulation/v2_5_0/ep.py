@@ -85,16 +85,17 @@ class EPHandle(_EPHandle210):
 class EPBuffer(ElasticBuffer, BufferBase):
     """Pure-PyTorch model of DeepEP 2.5.0's ``deep_ep.EPBuffer`` (expert-parallel dispatch / combine)."""
 
-    VERSION = VERSION
-    HANDLE = EPHandle
+    _VERSION = VERSION
+    _HANDLE = EPHandle
+    _EVENT_OVERLAP = EventOverlap
     #: ``~EPBuffer`` (csrc/buffers/ep.hpp:98-100 -> base.hpp:17-22): without ``explicitly_destroy`` the destructor
     #: still calls ``destroy()``, whose barrier (ep.hpp:106) runs on the destroyed group's communicator; the fault
     #: surfaces at the next CUDA call with a check, ``cudaFreeHost`` (ep.hpp:110), and leaves the destructor
     #: (``noexcept(false)``): the process terminates.  Modelled from the source, unrecorded.
-    COLLECTED_AFTER_GROUP = ("terminate called after throwing an instance of 'EPException'\n  what():  CUDA runtime "
+    _COLLECTED_AFTER_GROUP = ("terminate called after throwing an instance of 'EPException'\n  what():  CUDA runtime "
                              "exception (csrc/buffers/ep.hpp:110): 700 (cudaErrorIllegalAddress, an illegal memory "
                              "access was encountered)")
-    NOT_DESTROYED = "`destroy()` is not called before DeepEP EP buffer destruction, which can leak resources."
+    _NOT_DESTROYED = "`destroy()` is not called before DeepEP EP buffer destruction, which can leak resources."
 
     # Common communication functions (deep_ep/buffers/ep.py:237-240)
     barrier = comm.barrier
