@@ -17,6 +17,7 @@ the 2.5.0 source, and its contract (``conformance/versions/2.5.0/``).
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import os
 import re
@@ -81,6 +82,13 @@ def test_a_row_both_versions_have_carries_one_recipe_and_every_live_row_has_one(
                 problems.append(f"{r['id']}: no recipe {name!r}")
         if not refusals.applies(r["id"], EXAMPLES[world_of(r)], SHAPES[world_of(r)].nodes):
             problems.append(f"{r['id']}: its recipe does not apply to the {world_of(r)} self-test example")
+        path, _, qualname = r["emulated"].partition(":")
+        try:
+            obj = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{r['id']}: emulated {r['emulated']!r} does not exist ({exc})")
     assert not problems, "\n".join(problems)
 
 
@@ -314,3 +322,33 @@ def test_emulation_2_1_0_is_plain_emulation() -> None:
     real = build_run_config(SimpleNamespace(backends="real-v2,emulated-v2"),
                             Machine(("0", "1"), {"importable": True, "version": "2.5.0", "EPBuffer": True}))
     assert [(b.name, b.version) for b in real.backends] == [("real-v2", "2.5.0"), ("emulated-v2", "2.5.0")]
+
+
+def test_the_alias_gives_third_party_code_2_5_0s_module_tree() -> None:
+    """``use_emulation("2.5.0")`` (what ``--deep-ep emulation:2.5.0`` does in the ranks): ``import deep_ep`` and its
+    submodules are the 2.5.0 emulation's, 2.1.0's classes do not import, and mixing versions in one process is
+    refused."""
+    import subprocess
+    import sys
+
+    code = (
+        "from conformance.backends import alias\n"
+        "info = alias.use('emulation:2.5.0')\n"
+        "import deep_ep, deep_ep.utils.event, deep_ep.comm\n"
+        "from deep_ep import EPBuffer, EPHandle, EventOverlap\n"
+        "assert deep_ep.utils.event.EventOverlap is EventOverlap and hasattr(EventOverlap, 'wait')\n"
+        "assert not hasattr(deep_ep, 'Buffer') and not hasattr(deep_ep, 'ElasticBuffer')\n"
+        "try:\n    from deep_ep import ElasticBuffer\nexcept ImportError:\n    pass\nelse:\n    raise SystemExit(3)\n"
+        "try:\n    alias.use_emulation()\nexcept RuntimeError as exc:\n    assert 'DeepEP 2.5.0' in str(exc)\n"
+        "else:\n    raise SystemExit(4)\n"
+        "print(info['kind'], info['version'])\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0 and proc.stdout.split() == ["emulation", "2.5.0+emulation"], proc.stderr[-2000:]
+    from conformance.backends.alias import parse
+
+    assert parse("emulation") == ("emulation", None) and parse("emulation:2.5.0") == ("emulation", "2.5.0")
+    for bad in ("emulation:9.9.9", "real:2.5.0", "bogus"):
+        with pytest.raises(ValueError):
+            parse(bad)

@@ -59,6 +59,7 @@ def _emulation_modules(version: str | None = None) -> dict[str, Any]:
     tree ``deep_ep`` names.  Another version's tree inside it (a subpackage) is not part of it."""
     name = emulation_module(version)
     others = {versions.contract(v).emulation for v in versions.emulated_versions()} - {name}
+    others = {other for other in others if other and not name.startswith(other + ".")}  # not an enclosing package
     package = importlib.import_module(name)
     found = {"": package}
     for info in pkgutil.walk_packages(package.__path__, prefix=name + "."):

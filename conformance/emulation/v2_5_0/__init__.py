@@ -11,9 +11,13 @@ yet.
 import torch
 
 from . import comm, utils
-from .buffers import BucketBuffer, BucketSession, BufferAllocator, BufferBase, EngramBuffer, PPBuffer
+from .buffers.allocator import BufferAllocator
+from .buffers.base import BufferBase
+from .buffers.bucket import BucketBuffer, BucketSession
+from .buffers.engram import EngramBuffer
+from .buffers.ep import EPBuffer, EPHandle
+from .buffers.pp import PPBuffer
 from .comm import destroy_all_managed_nccl_comm, get_logical_domain_size, get_physical_domain_size
-from .ep import EPBuffer, EPHandle
 from .utils.event import EventHandle, EventOverlap
 
 topk_idx_t = torch.int64

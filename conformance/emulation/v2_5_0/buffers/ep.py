@@ -1,4 +1,4 @@
-"""Emulated DeepEP 2.5.0 expert-parallel API: ``deep_ep.EPBuffer`` and ``deep_ep.EPHandle`` (deep_ep/buffers/ep.py).
+"""``deep_ep.buffers.ep`` of DeepEP 2.5.0: ``EPBuffer`` and ``EPHandle``, emulated (deep_ep/buffers/ep.py).
 
 ``EPBuffer`` is 2.1.0's ``ElasticBuffer`` split out and renamed, with contract changes, modelled from the 2.5.0
 source (``conformance/versions/2.5.0/``; DIVERGENCES.md, "DeepEP 2.5.0"):
@@ -30,14 +30,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import _checks, _refusals, _sizing
-from .._refusals import check
-from .._topology import get_topology
-from ..elastic import Bias, ElasticBuffer, XType, _domains
-from ..elastic import EPHandle as _EPHandle210
-from . import comm
-from .buffers import BufferAllocator, BufferBase
-from .utils.event import EventHandle, EventOverlap
+from ... import _checks, _refusals, _sizing
+from ..._refusals import check
+from ..._topology import get_topology
+from ...elastic import Bias, ElasticBuffer, XType, _domains
+from ...elastic import EPHandle as _EPHandle210
+from .. import comm
+from ..utils.event import EventHandle, EventOverlap
+from .allocator import BufferAllocator
+from .base import BufferBase
 
 VERSION = "2.5.0"
 
@@ -526,7 +527,7 @@ def _combine_outputs(buffer: EPBuffer, x: torch.Tensor, handle: EPHandle, topk_w
 
 
 def _with_async_outputs(fn: Callable[..., tuple], num_outputs: int) -> Callable[..., tuple]:
-    from ..utils.event import async_outputs
+    from ...utils.event import async_outputs
 
     return functools.wraps(fn)(async_outputs("async_with_compute_stream", num_outputs)(fn))
 
