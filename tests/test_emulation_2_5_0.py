@@ -295,6 +295,9 @@ def test_the_catalog_on_2_5_0_gives_every_property_a_verdict(suite) -> None:
     assert "DeepEP 2.5.0 removed previous_event_before_epilogue" in by_id["P22-epilogue-events"]["verdicts"][
         "emulated-v2"]["reason"]
     assert by_id["P26-worst-case-whole"]["verdicts"]["emulated-v2"]["status"] == "known-defect"
+    p20 = by_id["P20-dispatch-options"]["verdicts"]["emulated-v2"]  # checked, but for do_handle_copy=True
+    assert p20["status"] == "passed" and any("DeepEP 2.5.0 changed do_handle_copy" in part
+                                             for part in p20.get("not_checked", [])), p20
     assert by_id["P12-bad-input"]["verdicts"]["emulated-v2"]["status"] == "known-defect"
     assert report["environment"]["known_defects"].endswith("versions/2.5.0/known-defects.toml")
     assert json.dumps(report).count("Traceback") == 0 or proc.returncode in (0, 1)
