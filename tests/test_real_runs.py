@@ -16,7 +16,7 @@ from conformance.harness.known_defects import load
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "real-runs"
-KNOWN = load(ROOT / "conformance" / "known_defects" / "deep_ep-2.1.0.toml")
+KNOWN = load(ROOT / "conformance" / "versions" / "2.1.0" / "known-defects.toml")
 #: (report kept from a real run, property, the backend its failure is charged to, the entry that explains it)
 KEPT_FAILURES = [
     ("2026-12-02-1xH200/11a-v1-p12-p23-p24/conformance.json", "P12-bad-input", "real-v1",

@@ -167,10 +167,12 @@ def load(path: str | Path | None) -> KnownDefects:
 
 
 def modelled_version(config: Any) -> str | None:
-    """The DeepEP version under test: the real ``deep_ep``'s where a real backend is selected, else the version
-    the emulation models (``RunConfig.library_version``)."""
-    if any(b.real for b in config.backends):
-        return (config.deep_ep_probe or {}).get("version")
+    """The DeepEP version under test: the real ``deep_ep``'s where a real backend is selected (the version whose
+    contract drives it: a version without a folder is driven, and judged, by its nearest known one), else the version
+    the emulation models."""
+    real = [b for b in config.backends if b.real]
+    if real:
+        return real[0].version or (config.deep_ep_probe or {}).get("version")
     return getattr(config, "emulation_version", None) or versions.DEFAULT_VERSION
 
 

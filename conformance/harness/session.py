@@ -176,7 +176,7 @@ class Session:
         Buffer")."""
         out: dict[str, str] = {}
         for b in self.config.backends:
-            reason = prop.applies_to(b.api, b.capabilities, b.name)
+            reason = prop.applies_to(b.api, b.capabilities, b.name, b.class_name)
             if b.api in prop.apis:
                 reason = b.version_excludes(prop.needs) or reason
             if reason is not None:
