@@ -78,11 +78,13 @@ def _public_methods(cls: type) -> list[str]:
 
 
 def method_entry(cls: type, name: str) -> dict[str, Any]:
-    """Signature of ``cls.name`` without ``self`` (static methods flagged)."""
+    """Signature of ``cls.name`` without its instance parameter (static methods flagged).  The instance parameter is
+    the first one of a plain function, whatever its name: DeepEP 2.5.0 binds module functions as methods
+    (``EPBuffer.barrier = comm.barrier``, whose first parameter is ``buffer``)."""
     raw = inspect.getattr_static(cls, name)
     static = isinstance(raw, staticmethod)
     params = list(inspect.signature(getattr(cls, name)).parameters.values())
-    if not static and params and params[0].name == "self":
+    if not static and params and (params[0].name == "self" or inspect.isfunction(raw)):
         params = params[1:]
     return {
         "static": static,
