@@ -319,6 +319,9 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
         "backends": [backend_entry(b, config) for b in config.backends],
         "deep_ep_alias": config.deep_ep,
+        # the DeepEP version the run tests (its contract: conformance/versions/), and the one the emulation models
+        "library_version": getattr(config, "library_version", None),
+        "emulation_version": getattr(config, "emulation_version", None),
         "probes": probes,
         "nodes": config.shape.nodes,
         "ranks_per_node": config.shape.ranks_per_node,
