@@ -11,7 +11,9 @@ The house (docs/architecture.md has the tour), from the controller's side down t
 - :mod:`conformance.core`: plain data both sides share (examples, cases, views, backend names).
 - Rank side: :mod:`conformance.world` (the process world), :mod:`conformance.tasks` (what ranks run),
   :mod:`conformance.backends` (adapters for ``Buffer`` / ``ElasticBuffer``), :mod:`conformance.mutants`.
-- :mod:`conformance.emulation`: a pure-PyTorch model of the ``deep_ep`` API.
+- :mod:`conformance.emulation`: a pure-PyTorch model of the ``deep_ep`` API (DeepEP 2.1.0's; ``v2_5_0``: 2.5.0's).
+- :mod:`conformance.versions`: DeepEP's versions as data (contract, refusal table, known defects, API snapshot,
+  limits), one folder per version, read by all of the above.
 """
 
 __version__ = "0.1.0"

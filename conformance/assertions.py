@@ -688,6 +688,23 @@ def assert_positive_zero_rows(got: torch.Tensor, tokens: list[int], *, name: str
         )
 
 
+def assert_no_expert_rows(got: torch.Tensor, start: int, *, name: str, rank: int, call: str, why: str) -> None:
+    """Every entry of the rows ``start..`` of the expert-index tensor ``got`` is -1 ("no expert"): the rows past a
+    worst-case output's valid ones, which a consumer reading the tensor whole takes for expert ids (``why``: where
+    the valid count comes from)."""
+    __tracebackhide__ = True
+    tail = got[start:]
+    bad = tail != -1
+    if tail.numel() and bool(bad.any()):
+        values = torch.unique(tail[bad]).tolist()
+        shown = ", ".join(str(v) for v in values[:4]) + (", ..." if len(values) > 4 else "")
+        raise AssertionError(
+            f"{name}[rank {rank}, rows {start}..{got.shape[0] - 1}] ({why}) hold {int(bad.sum())} of {tail.numel()} "
+            f"entries that are not -1 ({shown}), expected -1 (no expert): a consumer that reads the tensor whole "
+            f"takes them for expert ids [{call}]"
+        )
+
+
 # ---------------------------------------------------------------------------------------------- refusals
 
 

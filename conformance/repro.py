@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--example-timeout", type=float, default=120.0)
     parser.add_argument("--mutant", default=None)
-    parser.add_argument("--deep-ep", default=None, choices=DEEP_EP_MODES)
+    parser.add_argument("--deep-ep", default=None, metavar="|".join(DEEP_EP_MODES) + "|emulation:VERSION")
     parser.add_argument("--rank-setup", default="isolated", choices=RANK_SETUPS)
     parser.add_argument("--shapes", default="free", help="the run's shape vocabulary (a report's line names it); the "
                                                           "case is replayed as given, already on its shapes")

@@ -116,3 +116,8 @@ class RecordingContext:
 
     def checking(self, backends: tuple[str, ...] | None) -> None:
         pass
+
+    def contract(self, backend: str) -> object:
+        from conformance import versions
+
+        return versions.under_test()

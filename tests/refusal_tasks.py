@@ -5,12 +5,18 @@ from __future__ import annotations
 from conformance.core.example import Example
 
 
-def run_recipes(names: list[str], example_json: str, mutant: str | None = None) -> dict[str, tuple]:
-    """Run every recipe in ``names`` (in order, on every rank) against ``conformance.emulation``, with mutant
-    ``mutant`` active; return ``{name: (exception type name or None, message or None)}``."""
-    import conformance.emulation as module
+def run_recipes(names: list[str], example_json: str, mutant: str | None = None,
+                version: str | None = None) -> dict[str, tuple]:
+    """Run every recipe in ``names`` (in order, on every rank) against the emulation of DeepEP ``version`` (``None``:
+    ``conformance.emulation``, 2.1.0's), with mutant ``mutant`` active; return ``{name: (exception type name or None,
+    message or None)}``."""
+    import importlib
+
+    from conformance.backends.alias import emulation_module
     from conformance.mutants import activate
     from conformance.tasks import refusals
+
+    module = importlib.import_module(emulation_module(version))
 
     example = Example.from_json(example_json)
     results = {}

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "conformance"
 #: (layer, module prefixes), lowest first.  The longest matching prefix decides a module's layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("the package", ("conformance",)),  # its __init__ imports nothing
+    ("the library's versions", ("conformance.versions",)),  # per-version data: the emulation reads it too
     ("the library model", ("conformance.emulation",)),
     ("shared data", ("conformance.core", "conformance.world", "conformance.world.errors", "conformance.tools")),
     ("rank side", ("conformance.world.rank", "conformance.backends", "conformance.tasks", "conformance.mutants",

@@ -147,7 +147,9 @@ except RuntimeError as exc:
 
 @pytest.mark.parametrize("args, message", [
     (["--backends", "real-v1", "--deep-ep", "emulation"], "a real backend cannot run"),
-    (["--deep-ep", "sometimes"], "invalid choice"),
+    (["--deep-ep", "sometimes"], "--deep-ep (or CONFORMANCE_DEEP_EP) must be one of emulation, real, auto or "
+                                 "emulation:VERSION"),
+    (["--deep-ep", "emulation:9.9.9"], "the emulation models DeepEP 2.1.0, 2.5.0, not 9.9.9"),
 ])
 def test_deep_ep_set_ups_that_cannot_work(tmp_path: Path, args: list[str], message: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=tmp_path,

@@ -22,8 +22,10 @@ import pytest
 pytestmark = pytest.mark.slow  # reads the session's whole-catalog runs: scheduled first (tests/conftest.py)
 
 #: What a run needs besides the Python modules.
-DATA = ("conformance/data/recorded_errors.json", "conformance/data/api-surface/deep_ep-2.1.0.json",
-        "conformance/data/api-surface/deep_ep-2.1.0-signatures.txt")
+DATA = ("conformance/versions/2.1.0/recorded-errors.json", "conformance/versions/2.1.0/api-surface.json",
+        "conformance/versions/2.1.0/api-surface-signatures.txt", "conformance/versions/2.1.0/contract.toml",
+        "conformance/versions/2.1.0/refusals.toml", "conformance/versions/2.1.0/known-defects.toml",
+        "conformance/versions/2.1.0/limits.toml")
 MAX_WHEEL_BYTES = 1 << 20
 
 

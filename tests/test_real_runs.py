@@ -1,7 +1,7 @@
 """The evidence of the real-library runs (``docs/real-runs/``) and what the suite concluded from it.
 
 A failure of the real DeepEP is kept (its report under ``docs/real-runs/<date>-<machine>/``) and explained by an
-entry of ``conformance/known_defects/deep_ep-<version>.toml``; this checks that each kept failure is matched by its
+entry of ``conformance/versions/<version>/known-defects.toml``; this checks that each kept failure is matched by its
 entry, and by no other, and that the reports kept as real runs say ``real: true``."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from conformance.harness.known_defects import load
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "docs" / "real-runs"
-KNOWN = load(ROOT / "conformance" / "known_defects" / "deep_ep-2.1.0.toml")
+KNOWN = load(ROOT / "conformance" / "versions" / "2.1.0" / "known-defects.toml")
 #: (report kept from a real run, property, the backend its failure is charged to, the entry that explains it)
 KEPT_FAILURES = [
     ("2026-12-02-1xH200/11a-v1-p12-p23-p24/conformance.json", "P12-bad-input", "real-v1",

@@ -1,4 +1,4 @@
-"""The refusal table (conformance/emulation/refusals.toml) and the emulation's refusals.
+"""The refusal table of DeepEP 2.1.0 (conformance/versions/2.1.0/refusals.toml) and the emulation's refusals.
 
 (a) The table is well formed: every row has its fields, ids are unique, every emulated row names an
     existing emulation function and has exactly one recipe (its edit columns or a stateful recipe of
@@ -28,16 +28,16 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from conformance import versions
 from conformance.core.cases import P12_TOPOLOGIES, p12_rows
 from conformance.core.example import Example
-from conformance.emulation import _refusals
 from conformance.world.launcher import World, WorldShape
 
 #: Its module-scoped fixtures are built once: under xdist (the self-tests run with -n) its tests share a worker.
 pytestmark = pytest.mark.xdist_group("test_refusals")
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLE = ROOT / "conformance" / "emulation" / "refusals.toml"
+TABLE = versions.contract("2.1.0").refusals.path
 #: A bare git mirror of DeepEP at the 2.1.0 build (dd758ca); CI has none.
 MIRROR = Path(os.environ.get("DEEPEP_MIRROR", "/work/.mirror/deepseek-ai+DeepEP/repo"))
 
@@ -65,7 +65,7 @@ EXAMPLES = {
     "1x1": Example((5,), hidden=256, num_topk=2, num_experts=2, num_max_tokens_per_rank=16, seed=3),
 }
 TIMEOUT_S = 240
-#: Recorded real-library errors (conformance/data/recorded_errors.json) and the table row of each.
+#: Recorded real-library errors (conformance/versions/2.1.0/recorded-errors.json) and the table row of each.
 RECORDED_ROWS = {
     "v1_int32_topk_idx": "v1_layout_topk_dtype",
     "v1_odd_num_sms": "v1_set_num_sms_odd",
@@ -94,7 +94,7 @@ def world_of(row: dict) -> str:
 
 def message_matches(row: dict, message: str) -> bool:
     """Whether ``message`` is the row's message (exactly, as a ``{...}`` pattern, or as a prefix)."""
-    return _refusals.matches(row["id"], message)
+    return versions.contract("2.1.0").refusals.matches(row["id"], message)
 
 
 # ---------------------------------------------------------------------------------------- (a) the table
@@ -137,7 +137,7 @@ def test_p12_draws_the_live_rows_of_one_node_that_are_not_self_tests_only() -> N
 
     assert set(P12_TOPOLOGIES) <= set(TOPOLOGIES) == set(WORLD_OF_TOPOLOGY)
     assert {WORLD_OF_TOPOLOGY[t] for t in P12_TOPOLOGIES} == {"1x2"}
-    drawn = set(p12_rows())
+    drawn = set(p12_rows("2.1.0"))
     expected = {r["id"] for r in LIVE_ROWS if world_of(r) == "1x2" and "self_test_only" not in r}
     assert drawn == expected, sorted(drawn ^ expected)
     assert 0 < len(drawn) < len(LIVE_ROWS)
@@ -171,7 +171,7 @@ def test_emulated_rows_name_existing_functions_and_recipes() -> None:
             problems.append(f"{r['id']}: topology {r.get('topology')!r} / requires {r.get('requires')!r} unknown")
         elif not refusals.applies(r["id"], EXAMPLES[world_of(r)], SHAPES[world_of(r)].nodes):
             problems.append(f"{r['id']}: its recipe does not apply to the {world_of(r)} self-test example")
-    names = {r["id"] for r in LIVE_ROWS}
+    names = set(refusals.rows())  # the live rows of every version's table (2.5.0's own: tests/test_emulation_2_5_0.py)
     strays = [n for n in refusals.RECIPES if n.removesuffix(".ok") not in names]
     assert not problems and not strays, "\n".join(problems + [f"recipe {n} has no live table row" for n in strays])
 
@@ -295,7 +295,7 @@ def test_assertion_messages_cite_their_own_source_line_and_expression() -> None:
 def test_recorded_errors_are_the_table_messages() -> None:
     import json
 
-    recorded = json.loads((ROOT / "conformance" / "data" / "recorded_errors.json").read_text())["errors"]
+    recorded = json.loads((TABLE.parent / "recorded-errors.json").read_text())["errors"]
     by_id = {r["id"]: r for r in ROWS}
     assert set(recorded) == set(RECORDED_ROWS)
     for name, (exc_type, message) in recorded.items():

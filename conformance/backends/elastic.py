@@ -1,9 +1,16 @@
-"""Adapter for the elastic API, ``deep_ep.ElasticBuffer`` ("V2"), with production call conventions.
+"""Adapter for the elastic API ("V2": ``deep_ep.ElasticBuffer`` in DeepEP 2.1.0, ``deep_ep.EPBuffer`` in 2.5.0), with
+production call conventions.
 
 One buffer per (pinned ``num_max_tokens_per_rank``, hidden, top-k, deterministic, allow_multiple_reduction,
 prefer_overlap_with_compute), ``num_allocated_qps=0``
 (the automatic cap), ``explicitly_destroy=True`` with :meth:`ElasticAdapter.destroy` run before the
 process group goes away (the real V2 crashed with an illegal memory access otherwise).
+
+What differs by DeepEP version is the contract of the backend's version (``spec.contract``,
+:mod:`conformance.versions`), which the adapter consults and no property does: the class it builds, and the keywords
+the version takes (a keyword it removed is dropped where the call passes its old default; any other use, e.g.
+``previous_event_before_epilogue`` or ``do_handle_copy=True`` on 2.5.0, is :class:`NotSupported` with the version's
+reason).
 """
 
 from __future__ import annotations
@@ -15,7 +22,8 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
+from conformance import versions
+from conformance.backends.contract import AdapterBase, NotSupported, Raw, current_stream_wait
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView, V2Layout
@@ -25,13 +33,26 @@ MAX_LIVE_BUFFERS = 4
 
 
 class ElasticAdapter(AdapterBase):
-    """Drives ``module.ElasticBuffer`` (``module`` is the real ``deep_ep`` or ``conformance.emulation``)."""
+    """Drives the V2 class of ``module`` (the real ``deep_ep`` or the emulation of the backend's version) that the
+    backend's DeepEP version names (``ElasticBuffer``, ``EPBuffer``)."""
 
     api = "v2"
 
     def __init__(self, spec: BackendSpec, module: ModuleType, group: Any, num_nodes: int) -> None:
         super().__init__(spec, module, group, num_nodes)
         self._buffers: OrderedDict[tuple, Any] = OrderedDict()
+        self.contract = spec.contract
+        #: The V2 class the backend drives (its version's: ``ElasticBuffer`` 2.1.0, ``EPBuffer`` 2.5.0).
+        self.class_name = spec.class_name
+        self.buffer_class = getattr(module, self.class_name)
+
+    def call_kwargs(self, call: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` of ``call`` (``__init__``, ``dispatch``, ``combine``) as the backend's version takes them
+        (``Contract.call_kwargs``); :class:`NotSupported` with the version's reason where it removed what they ask."""
+        try:
+            return self.contract.call_kwargs("v2", call, kwargs)
+        except versions.NotInVersion as exc:
+            raise NotSupported(f"{self.spec.name}: {exc}") from None
 
     def buffer(self, example: Example, deterministic: bool = False, allow_multiple_reduction: bool = True,
                prefer_overlap_with_compute: bool = True, use_fp8_dispatch: bool = False) -> Any:
@@ -45,7 +66,7 @@ class ElasticAdapter(AdapterBase):
         while len(self._buffers) >= MAX_LIVE_BUFFERS:
             _, old = self._buffers.popitem(last=False)
             old.destroy()
-        self._buffers[key] = self.module.ElasticBuffer(
+        self._buffers[key] = self.buffer_class(
             self.group,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
             hidden=example.hidden,
@@ -59,6 +80,11 @@ class ElasticAdapter(AdapterBase):
         )
         return self._buffers[key]
 
+    def new_buffer(self, group: Any, **kwargs: Any) -> Any:
+        """A buffer of the backend's class built with ``kwargs`` as its version takes them (:meth:`call_kwargs`):
+        for tasks that build their own (an explicit ``num_bytes``, a fresh group)."""
+        return self.buffer_class(group, **self.call_kwargs("__init__", kwargs))
+
     def size_hint(self, example: Example, **options: bool) -> int:
         """``ElasticBuffer.get_buffer_size_hint`` for this example's shape (``options``: ``use_fp8_dispatch``,
         ``allow_hybrid_mode``, ``allow_multiple_reduction``; none: what :meth:`buffer` gets by default)."""
@@ -66,12 +92,12 @@ class ElasticAdapter(AdapterBase):
 
     def shape_hint(self, num_max_tokens_per_rank: int, hidden: int, num_topk: int, **options: bool) -> int:
         """``ElasticBuffer.get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk, **options)``."""
-        return int(self.module.ElasticBuffer.get_buffer_size_hint(
+        return int(self.buffer_class.get_buffer_size_hint(
             self.group, num_max_tokens_per_rank, hidden, num_topk, **options))
 
     def capture(self) -> Any:
         """An event on the current stream (``ElasticBuffer.capture()``), for ``before_epilogue``."""
-        return self.module.ElasticBuffer.capture()
+        return self.buffer_class.capture()
 
     def destroy(self) -> None:
         """Destroy every buffer (before the process group goes away)."""
@@ -91,7 +117,7 @@ class ElasticAdapter(AdapterBase):
         """The call, as failure messages show it."""
         t = example.tokens_per_rank[rank]
         return (
-            f"ElasticBuffer.dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
+            f"{self.class_name}.dispatch(x[{t},{example.hidden}] bf16, topk_idx[{t},{example.num_topk}], "
             f"topk_weights, num_experts={example.num_experts}, "
             f"num_max_tokens_per_rank={example.num_max_tokens_per_rank}, "
             f"expert_alignment={example.expert_alignment}, do_expand={options.do_expand}"
@@ -113,6 +139,10 @@ class ElasticAdapter(AdapterBase):
         if buffer is None:
             buffer = self.buffer(example, options.deterministic, options.allow_multiple_reduction,
                                  options.prefer_overlap_with_compute)
+        kwargs = self.call_kwargs("dispatch", {
+            "previous_event_before_epilogue": before_epilogue,  # needs no allocate_on_comm_stream (2.1.0)
+            **({} if options.do_handle_copy is None else {"do_handle_copy": options.do_handle_copy}),
+        })
         previous = buffer.capture() if options.previous_event else None  # orders dispatch after prior compute
         recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
             inputs.x,
@@ -124,13 +154,12 @@ class ElasticAdapter(AdapterBase):
             expert_alignment=example.expert_alignment,
             num_qps=num_qps,
             previous_event=previous,
-            previous_event_before_epilogue=before_epilogue,  # needs no allocate_on_comm_stream (buffer.hpp:551-553)
             async_with_compute_stream=options.async_finish,
             allocate_on_comm_stream=previous is not None,  # V2 refuses previous_event otherwise
-            do_handle_copy=options.do_handle_copy,
             do_cpu_sync=options.do_cpu_sync,
             do_expand=options.do_expand,
             do_zero_padding=options.do_zero_padding,
+            **kwargs,
         )
         if options.async_finish:
             (wait or current_stream_wait)(event, recv_x)
@@ -174,9 +203,10 @@ class ElasticAdapter(AdapterBase):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``ElasticBuffer.combine`` with ``num_sms=0``: the SM count of the dispatch handle is reused
         (``before_epilogue``: ``previous_event_before_epilogue``)."""
+        kwargs = self.call_kwargs("combine", {"previous_event_before_epilogue": before_epilogue})
         combined_x, combined_w, event = raw["buffer"].combine(
-            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0,
-            previous_event_before_epilogue=before_epilogue, async_with_compute_stream=async_finish
+            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0, async_with_compute_stream=async_finish,
+            **kwargs,
         )
         if async_finish:
             event.current_stream_wait()
@@ -193,7 +223,8 @@ class ElasticAdapter(AdapterBase):
 
     def describe_combine(self, example: Example, rank: int) -> str:
         """The combine call, as failure messages show it."""
-        return f"ElasticBuffer.combine(x, handle, topk_weights, num_sms=0, hidden={example.hidden}) on rank {rank}"
+        return (f"{self.class_name}.combine(x, handle, topk_weights, num_sms=0, hidden={example.hidden}) on rank "
+                f"{rank}")
 
     # ------------------------------------------------------------------------------------------------ FP8
     def fp8_dispatch(self, inputs: RankInputs, example: Example, x: torch.Tensor, scales: torch.Tensor,

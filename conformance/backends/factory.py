@@ -18,10 +18,13 @@ ADAPTERS = {"v1": LegacyAdapter, "v2": ElasticAdapter}
 
 
 def library_module(spec: BackendSpec) -> str | None:
-    """The deep_ep-like module ``spec`` drives (a plug-in or a class backend: ``deep_ep`` as resolved in this
-    process, if it uses it)."""
+    """The deep_ep-like module ``spec`` drives: the real ``deep_ep``, the emulation of the backend's version
+    (``spec.contract.emulation``: ``conformance.emulation`` for 2.1.0, ``conformance.emulation.v2_5_0`` for 2.5.0), or
+    for a plug-in or a class backend ``deep_ep`` as resolved in this process, if it uses it."""
     if spec.plugin or spec.substitute:
         return "deep_ep" if spec.deep_ep else None
+    if spec.impl == "emulated":
+        return spec.contract.emulation or MODULES["emulated"]
     return MODULES[spec.impl]
 
 
@@ -73,7 +76,7 @@ def get_adapter(spec: BackendSpec) -> Any:
             module = substitute_module(spec)
             trace_classes(module, "class")
         else:
-            module = importlib.import_module(MODULES[spec.impl])
+            module = importlib.import_module(library_module(spec) or "")
             trace_classes(module, spec.impl)
         adapter = ADAPTERS[spec.api](spec, module, ctx.group, ctx.num_nodes)
         on_shutdown(adapter.destroy)
@@ -104,6 +107,6 @@ def seen_deep_ep(spec: BackendSpec) -> dict[str, Any]:
         if not spec.deep_ep:
             return {"kind": None, "version": None, "file": None}
         return describe()
-    module = sys.modules.get(MODULES[spec.impl])
+    module = sys.modules.get(library_module(spec) or "")
     return {"kind": "real" if spec.impl == "real" else "emulation", "version": getattr(module, "__version__", None),
             "file": getattr(module, "__file__", None)}

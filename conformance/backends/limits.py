@@ -2,7 +2,8 @@
 
 An exception from a backend is a failure unless a limit here names it; then the configuration is
 reported as ``unsupported`` for that backend (and as a capability regression when the other API
-accepts it).  A limit that no longer raises is reported as a capability gained.  Entries come from
+accepts it).  A limit that no longer raises is reported as a capability gained.  The limits are data of each DeepEP
+version (``conformance/versions/<version>/limits.toml``, read through :mod:`conformance.versions`): they come from
 recordings of the real library (fixtures/deepep-real/README.md); the emulation mimics them.
 """
 
@@ -12,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from conformance import versions
 from conformance.core.example import Example
 
 
@@ -32,42 +34,28 @@ class Limit:
         return not self.message or re.search(self.message, f"{type(exc).__name__}: {exc}") is not None
 
 
-#: World sizes the legacy Buffer's default dispatch/combine configs cover (deep_ep/buffers/legacy.py).
-V1_CONFIGURED_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
-
-KNOWN_LIMITS: tuple[Limit, ...] = (
-    *(Limit(
-        api="v1",
-        operation=operation,
-        applies=lambda example: example.world_size not in V1_CONFIGURED_RANKS,
-        condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
-        reason="Buffer's default configs cover only 2, 4, 8, 16, ... 160 ranks ('Unsupported number of EP ranks: N', "
-               "deep_ep/buffers/legacy.py:259)",
-        message="Unsupported number of EP ranks",
-    ) for operation in ("dispatch", "combine")),
-    Limit(
-        api="v1",
-        operation="destroy",
-        applies=lambda example: example.world_size not in V1_CONFIGURED_RANKS,
-        condition="a world size without a default config (not 2, 4, 8, 16, ... 160 ranks)",
-        reason="Buffer.destroy's intranode barrier supports 2, 4 or 8 ranks per node ('Unsupported ranks', "
-               "csrc/kernels/legacy/intranode.cu:21); on those world sizes dispatch and combine are refused first",
-        message="Unsupported (number of EP )?ranks",
-    ),
-    Limit(
-        api="v2",
-        operation="combine",
-        applies=lambda example: example.hidden == 128,
-        condition="hidden == 128",
-        reason="ElasticBuffer.combine's JIT build rejects hidden=128 ('Invalid hidden'), seen on DeepEP 2.1.0",
-        message="NVCC compilation failed|Invalid hidden",
-    ),
-)
+def _fields(example: Example) -> dict[str, object]:
+    """The example's fields a limit may name (``world_size`` included)."""
+    return {"world_size": example.world_size, "hidden": example.hidden, "num_topk": example.num_topk,
+            "num_experts": example.num_experts, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
+            "expert_alignment": example.expert_alignment}
 
 
-def known_limit(api: str, operation: str, example: Example) -> Limit | None:
-    """The limit that covers ``api.operation`` on ``example``, if any."""
-    for limit in KNOWN_LIMITS:
+def limits_of(version: str | None = None) -> tuple[Limit, ...]:
+    """The limits of DeepEP ``version`` (``None``: the default version)."""
+    return tuple(Limit(api=data.api, operation=data.operation,
+                       applies=lambda example, data=data: data.applies(_fields(example)),
+                       reason=data.reason, condition=data.condition, message=data.message)
+                 for data in versions.contract(version).limits)
+
+
+#: The default version's limits.
+KNOWN_LIMITS: tuple[Limit, ...] = limits_of()
+
+
+def known_limit(api: str, operation: str, example: Example, version: str | None = None) -> Limit | None:
+    """The limit of DeepEP ``version`` that covers ``api.operation`` on ``example``, if any."""
+    for limit in limits_of(version) if version else KNOWN_LIMITS:
         if limit.api == api and limit.operation == operation and limit.applies(example):
             return limit
     return None

@@ -32,7 +32,8 @@ from conformance.world.rank import current_call
 
 #: The classes traced, with the API each belongs to (``None``: shared by both APIs, or built by the library itself;
 #: not named as the rank's current call, which stays the buffer call that uses them).
-TRACED: dict[str, str | None] = {"Buffer": "v1", "ElasticBuffer": "v2", "EventOverlap": None, "EPHandle": None}
+TRACED: dict[str, str | None] = {"Buffer": "v1", "ElasticBuffer": "v2", "EPBuffer": "v2", "EventOverlap": None,
+                                 "EPHandle": None}
 #: Dunder methods that are part of the API (``EventOverlap`` is a context manager and a callable).
 DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
 _traced: set[int] = set()

@@ -6,8 +6,8 @@ The measurement comes from the rank side (``conformance.backends.tracing``: ever
 its end and reported per property (``api_calls`` of its report entry, :func:`calls_as_json`).  Here they are
 judged against the surface:
 
-* the *items* are every method of the snapshot (``deep_ep-2.1.0.json``: the compared ``classes`` and the methods
-  listed ``not_covered``) and every parameter of the compared methods: ``Buffer.dispatch`` and
+* the *items* are every method of the snapshot (DeepEP 2.1.0's ``api-surface.json``: the compared ``classes`` and
+  the methods listed ``not_covered``) and every parameter of the compared methods: ``Buffer.dispatch`` and
   ``Buffer.dispatch(num_worst_tokens)``;
 * a method is *exercised* by a property when the property called it and the call returned (a call that raised
   tested a refusal, not the method: it is shown as ``refused`` and does not count); a parameter when, in such a

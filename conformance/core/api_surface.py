@@ -3,9 +3,12 @@ committed snapshot of the real DeepEP's, and the diff between them.
 
 A surface is plain JSON: ``{"probe": {...}, "classes": {class: {method: {"static": bool, "params":
 [{"name", "kind", "default"}]}}}}`` where ``default`` is the ``repr`` of the default (``None`` when the
-parameter has none; annotations are ignored).  The snapshot ``conformance/data/api-surface/deep_ep-2.1.0.json`` is
-generated from ``deep_ep-2.1.0-signatures.txt`` (signatures transcribed from the public DeepEP sources) by
-``python -m conformance.core.api_surface --write``.
+parameter has none; annotations are ignored).  Each DeepEP version's snapshot is ``api-surface.json`` in its folder
+(``conformance/versions/<version>/``, read through :mod:`conformance.versions`): 2.1.0's is generated from
+``api-surface-signatures.txt`` there (signatures transcribed from the public DeepEP sources) by
+``python -m conformance.core.api_surface --write``; 2.5.0's is derived from its emulation (``--write --version 2.5.0``:
+the surface :func:`surface_of` reads off ``conformance.emulation.v2_5_0``), from the source, to be confirmed on the real
+library.
 
 Diff rules: a removed class or method, a removed or renamed parameter, a changed kind, position or default,
 or a new required parameter is *breaking*; a new optional parameter or a new method is reported only.
@@ -23,11 +26,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance import versions
 from conformance.core.probe import probe_module
 
+#: The coverage exclusions and their README (``conformance/data/api-surface/``).
 SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "data" / "api-surface"
-SNAPSHOT = SNAPSHOT_DIR / "deep_ep-2.1.0.json"
-SIGNATURES = SNAPSHOT_DIR / "deep_ep-2.1.0-signatures.txt"
+#: DeepEP 2.1.0's snapshot (the default version's) and the signatures it is generated from.
+SNAPSHOT = versions.contract("2.1.0").api_surface_path
+SIGNATURES = SNAPSHOT.with_name("api-surface-signatures.txt")
+
+
+def snapshot_path(name: str | None = None) -> Path:
+    """The snapshot a P14 case names: a DeepEP version (``2.5.0``; ``None``: the default) or, as older reports name
+    it, a file ``deep_ep-<version>.json``."""
+    if name and name.endswith(".json"):
+        name = versions.base_version(name.removeprefix("deep_ep-")) or name
+    return versions.contract(name).api_surface_path
 CLASSES = ("Buffer", "ElasticBuffer", "EPHandle", "EventOverlap")
 #: Dunder methods that are part of the surface (``EventOverlap`` is a context manager and a callable).
 DUNDERS = ("__init__", "__call__", "__enter__", "__exit__")
@@ -64,11 +78,13 @@ def _public_methods(cls: type) -> list[str]:
 
 
 def method_entry(cls: type, name: str) -> dict[str, Any]:
-    """Signature of ``cls.name`` without ``self`` (static methods flagged)."""
+    """Signature of ``cls.name`` without its instance parameter (static methods flagged).  The instance parameter is
+    the first one of a plain function, whatever its name: DeepEP 2.5.0 binds module functions as methods
+    (``EPBuffer.barrier = comm.barrier``, whose first parameter is ``buffer``)."""
     raw = inspect.getattr_static(cls, name)
     static = isinstance(raw, staticmethod)
     params = list(inspect.signature(getattr(cls, name)).parameters.values())
-    if not static and params and params[0].name == "self":
+    if not static and params and (params[0].name == "self" or inspect.isfunction(raw)):
         params = params[1:]
     return {
         "static": static,
@@ -272,17 +288,37 @@ def changes_as_json(changes: list[Change]) -> list[dict[str, Any]]:
     return [asdict(c) for c in changes]
 
 
+def derived_snapshot(contract: versions.Contract) -> dict[str, Any]:
+    """A version's snapshot derived from its emulation (a version without transcribed signatures: read from its
+    source, modelled by the emulation, to be confirmed on the real library): the surface :func:`surface_of` reads off
+    the emulation module, as the real module would be read (``deep_ep``), with :data:`NOT_COVERED` left out."""
+    surface = surface_of(contract.emulation or "")
+    surface["module"], surface["version"] = "deep_ep", contract.version
+    for class_name, names in NOT_COVERED.items():
+        for name in names:
+            surface["classes"].get(class_name, {}).pop(name, None)
+    return {**surface, "source": f"derived from conformance's emulation of DeepEP {contract.version} "
+                                 f"({contract.emulation}), modelled from the library's source: {contract.provenance}",
+            "confirmed": contract.confirmed, "not_covered": NOT_COVERED}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``--write``: regenerate the snapshot; default: print the emulation's diff against it."""
+    """``--write``: regenerate a version's snapshot; default: print the emulation's diff against it."""
     parser = argparse.ArgumentParser(prog="python -m conformance.core.api_surface")
-    parser.add_argument("--write", action="store_true", help="regenerate the snapshot from the signatures file")
-    parser.add_argument("--module", default="conformance.emulation")
+    parser.add_argument("--write", action="store_true",
+                        help="regenerate the snapshot (2.1.0: from its signatures file; a version without one: "
+                             "derived from its emulation)")
+    parser.add_argument("--version", default=versions.DEFAULT_VERSION, help="the DeepEP version (default %(default)s)")
+    parser.add_argument("--module", default=None, help="the module to diff (default: the version's emulation)")
     args = parser.parse_args(argv)
+    contract = versions.contract(args.version)
     if args.write:
-        SNAPSHOT.write_text(json.dumps(snapshot_from_signatures(), indent=1) + "\n")
-        print(f"wrote {SNAPSHOT}")
+        signatures = contract.api_surface_path.with_name("api-surface-signatures.txt")
+        snapshot = snapshot_from_signatures(signatures) if signatures.is_file() else derived_snapshot(contract)
+        contract.api_surface_path.write_text(json.dumps(snapshot, indent=1) + "\n")
+        print(f"wrote {contract.api_surface_path}")
         return 0
-    changes = diff_surface(load_snapshot(), surface_of(args.module))
+    changes = diff_surface(load_snapshot(contract.api_surface_path), surface_of(args.module or contract.emulation))
     for change in changes:
         print(("BREAKING " if change.breaking else "reported ") + f"{change.where}: {change.kind} ({change.detail})")
     return 1 if any(c.breaking for c in changes) else 0

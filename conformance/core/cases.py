@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from conformance.core.api_surface import SNAPSHOT
+from conformance import versions
+from conformance.core.api_surface import snapshot_path
 from conformance.core.example import Example
 
 
@@ -144,8 +145,9 @@ LIVE_STATUSES = ("emulated", "emulated-differently")
 #: internode (emulated nodes; the library takes that path with more than 8 ranks only), V2 hybrid and one-rank
 #: recipes are the emulation's self-tests (tests/test_refusals.py).
 P12_TOPOLOGIES = ("any", "single", "v1-intranode")
-#: The API of a refusal-table row, by the class its ``call`` names.
-_API_OF_CLASS = {"Buffer": "v1", "Config": "v1", "ElasticBuffer": "v2", "EventOverlap": "utils"}
+#: The API of a refusal-table row, by the class its ``call`` names (``EPBuffer``: DeepEP 2.5.0's V2).
+_API_OF_CLASS = {"Buffer": "v1", "Config": "v1", "ElasticBuffer": "v2", "EPBuffer": "v2", "EPHandle": "v2",
+                 "EventOverlap": "utils"}
 
 
 def row_api(row: dict[str, Any]) -> str:
@@ -153,12 +155,12 @@ def row_api(row: dict[str, Any]) -> str:
     return _API_OF_CLASS[row["call"].split(".")[0]]
 
 
-def p12_rows() -> dict[str, dict[str, Any]]:
-    """The rows of the refusal table (``conformance/emulation/refusals.toml``) P12 draws, by id: the live rows
-    whose recipe's ``topology`` is one of :data:`P12_TOPOLOGIES` and that name no ``self_test_only`` reason."""
-    from conformance.emulation import _refusals
-
-    return {rid: row for rid, row in _refusals.rows().items()
+def p12_rows(version: str | None = None) -> dict[str, dict[str, Any]]:
+    """The rows of a DeepEP version's refusal table (``conformance/versions/<version>/refusals.toml``; default: the
+    version under test, ``versions.under_test()``) P12 draws, by id: the live rows whose recipe's ``topology`` is one
+    of :data:`P12_TOPOLOGIES` and that name no ``self_test_only`` reason."""
+    table = (versions.contract(version) if version else versions.under_test()).refusals
+    return {rid: dict(row) for rid, row in table.rows.items()
             if row["status"] in LIVE_STATUSES and row.get("topology", "any") in P12_TOPOLOGIES
             and "self_test_only" not in row}
 
@@ -185,10 +187,11 @@ class BadCallCase(ExampleCase):
 
 @dataclass(frozen=True)
 class ApiSurfaceCase:
-    """The trivial case of P14: which snapshot to compare against, for a world of ``world_size`` ranks."""
+    """The trivial case of P14: which snapshot to compare against (a DeepEP version: its folder's
+    ``api-surface.json``), for a world of ``world_size`` ranks."""
 
     world_size: int
-    snapshot: str = SNAPSHOT.name
+    snapshot: str = versions.DEFAULT_VERSION
 
     def to_json(self) -> str:
         """One-line JSON."""
@@ -201,7 +204,11 @@ class ApiSurfaceCase:
 
     def validate(self) -> None:
         """Raise ``ValueError`` unless the snapshot exists and the world is not empty."""
-        if self.world_size < 1 or not (SNAPSHOT.parent / self.snapshot).is_file():
+        try:
+            known = snapshot_path(self.snapshot).is_file()
+        except versions.UnknownVersion:
+            known = False
+        if self.world_size < 1 or not known:
             raise ValueError(f"invalid API-surface case {self}")
 
 

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from conformance import versions
+
 APIS = {"v1": "Buffer", "v2": "ElasticBuffer"}
 IMPLS = ("emulated", "real")
 #: ``impl`` of a plug-in backend.
@@ -135,6 +137,24 @@ class BackendSpec:
     source: str = field(default="", compare=False)  # plug-in: where the factory was found (module:attr)
     family: str = field(default="", compare=False)  # plug-in: the wrapper it is one path of (default: its name)
     library: bool = field(default=False, compare=False)  # class backend: the class is the real library's own
+    #: The DeepEP version whose contract the backend is driven by (``conformance.versions``): the emulation's for an
+    #: emulated backend, the real ``deep_ep``'s for a real one, the resolved ``deep_ep``'s for a plug-in or a class
+    #: backend; ``None``: the default version's.
+    version: str | None = field(default=None, compare=False)
+
+    @property
+    def contract(self) -> versions.Contract:
+        """The contract of :attr:`version` (:mod:`conformance.versions`)."""
+        return versions.contract(self.version)
+
+    @property
+    def removed(self) -> str | None:
+        """Why this backend's API does not exist in its version (a built-in backend of an API the version removed,
+        e.g. ``emulated-v1`` on DeepEP 2.5.0: ``unsupported`` for every property, said once), else ``None``."""
+        if self.plugin or self.substitute:
+            return None
+        why = self.contract.api_removed(self.api)
+        return f"{why}" if why else None
 
     @property
     def name(self) -> str:
@@ -162,17 +182,19 @@ class BackendSpec:
 
     @property
     def class_name(self) -> str:
-        """The deep_ep class whose contract this backend follows."""
-        return APIS[self.api]
+        """The deep_ep class whose contract this backend follows: its API's class in its version (``EPBuffer`` for
+        V2 on DeepEP 2.5.0), the API's original name where the version removed the API."""
+        return self.contract.class_name(self.api) or APIS[self.api]
 
     @property
     def capabilities(self) -> frozenset[str]:
         """What this backend supports (declared by a plug-in; every capability of its API for a built-in)."""
         if self.plugin:
             return self.declared or frozenset()
+        found = BUILTIN_CAPABILITIES[self.api]
         if self.substitute:  # P14 reads the deep_ep module's own surface, which a substituted class is not
-            return BUILTIN_CAPABILITIES[self.api] - {"api_surface"}
-        return BUILTIN_CAPABILITIES[self.api]
+            found = found - {"api_surface"}
+        return frozenset(c for c in found if not self.contract.capability_lost(c))  # the version's removals
 
     def has(self, capability: str) -> bool:
         """Whether the backend declares ``capability``."""
@@ -181,6 +203,16 @@ class BackendSpec:
     def lacks(self, needs: Iterable[str]) -> list[str]:
         """The capabilities of ``needs`` this backend does not declare."""
         return [need for need in needs if need not in self.capabilities]
+
+    def version_excludes(self, needs: Iterable[str]) -> str | None:
+        """Why this backend's DeepEP version excludes a property of its API that needs ``needs``: the version removed
+        the API (:attr:`removed`) or a capability the property needs (the contract's reason), else ``None``."""
+        if self.removed:
+            return f"{self.name}: {self.removed}"
+        if self.plugin:
+            return None
+        lost = [why for need in needs if (why := self.contract.capability_lost(need))]
+        return f"{self.name}: " + "; ".join(dict.fromkeys(lost)) if lost else None
 
     @classmethod
     def parse(cls, text: str) -> BackendSpec:

@@ -17,8 +17,10 @@ class DispatchOptions:
     deterministic: bool = False
     async_finish: bool = False
     previous_event: bool = False
-    #: V2 dispatch options (capability ``dispatch_options``; ``do_cpu_sync=False``: ``worst_case``)
-    do_handle_copy: bool = True
+    #: V2 dispatch options (capability ``dispatch_options``; ``do_cpu_sync=False``: ``worst_case``).
+    #: ``do_handle_copy``: ``None`` leaves it to the library's default (2.1.0 copies ``topk_idx`` into the handle, 2.5.0
+    #: refuses ``True``); ``True`` / ``False`` pass it
+    do_handle_copy: bool | None = None
     do_zero_padding: bool = False
     do_cpu_sync: bool = True
     #: V2 buffer options (capability ``buffer_options``): the buffer the call runs on is built with them
@@ -28,7 +30,7 @@ class DispatchOptions:
     #: for this world built with this SM count (``Buffer.set_num_sms`` then ``get_dispatch_config``); 0: no config
     v1_num_sms: int = 0
 
-    def non_default(self) -> dict[str, bool]:
+    def non_default(self) -> dict[str, bool | None]:
         """The V2 dispatch and buffer options that differ from the library's defaults (for call descriptions)."""
         defaults = DispatchOptions()
         names = ("do_handle_copy", "do_zero_padding", "do_cpu_sync", "allow_multiple_reduction",

@@ -1,9 +1,14 @@
-"""The library's refusals, raised from the refusal table (``refusals.toml``, next to this module).
+"""The library's refusals, raised from the refusal table of the version being emulated.
 
-Every refusal the emulation shares with DeepEP 2.1.0 is raised through :func:`check` / :func:`refuse` with the
-id of its table row, so the exception type and message come from one place, the table, whose ``source`` /
-``expression`` columns the self-test re-reads from the library's source.  Messages may carry ``{name}``
-placeholders filled from the keyword arguments (e.g. ``Unsupported number of EP ranks: {num_ranks}``).
+Every refusal the emulation shares with DeepEP is raised through :func:`check` / :func:`refuse` with the id of its
+table row, so the exception type and message come from one place, the version's table
+(``conformance/versions/<version>/refusals.toml``, read through :mod:`conformance.versions`), whose ``source`` /
+``expression`` columns the self-test re-reads from the library's source.  Messages may carry ``{name}`` placeholders
+filled from the keyword arguments (e.g. ``Unsupported number of EP ranks: {num_ranks}``).
+
+Which version's table: DeepEP 2.1.0's unless a call runs under :func:`version` (the 2.5.0 emulation's classes run
+every method that way, :func:`emulating`): the code the versions share checks by row id, and each version's row
+says where that check lives in its source and what it raises.
 
 :func:`enforced` is a call seam (``seams.py``): a mutant drops one refusal there narrowly
 (``conformance/mutants/refusals.py``).
@@ -11,46 +16,77 @@ placeholders filled from the keyword arguments (e.g. ``Unsupported number of EP 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-import re
-from pathlib import Path
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn, TypeVar
 
-import tomllib
+from conformance import versions
 
 from .seams import seam
-
-#: The project's refusal table (one ``[[refusal]]`` per library refusal).
-TABLE_PATH = Path(__file__).with_name("refusals.toml")
 
 #: Exception classes a row may name.
 EXCEPTIONS: dict[str, type[BaseException]] = {
     cls.__name__: cls
     for cls in (RuntimeError, AssertionError, ValueError, TypeError, IndexError, AttributeError, ZeroDivisionError)
 }
+assert set(EXCEPTIONS) == set(versions.EXCEPTIONS)
 
-#: Values of placeholders the emulation cannot know (the real message carries them; see the row's note).
-DEFAULT_VALUES = {"build_root": "<DeepEP build root>"}
+#: The DeepEP version whose table the current call raises from.
+_VERSION: contextvars.ContextVar[str] = contextvars.ContextVar("deep_ep_emulated_version",
+                                                                default=versions.DEFAULT_VERSION)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
+def current() -> str:
+    """The DeepEP version being emulated now (whose table and rules apply)."""
+    return _VERSION.get()
 
-@functools.cache
-def rows() -> dict[str, dict[str, Any]]:
-    """Every row of the table, by id."""
-    with open(TABLE_PATH, "rb") as f:
-        table = tomllib.load(f)
-    return {row["id"]: row for row in table["refusal"]}
+
+def table() -> versions.RefusalTable:
+    """The refusal table of the version being emulated now."""
+    return versions.contract(_VERSION.get()).refusals
+
+
+@contextlib.contextmanager
+def version(name: str) -> Iterator[None]:
+    """Raise from DeepEP ``name``'s table inside the block."""
+    token = _VERSION.set(name)
+    try:
+        yield
+    finally:
+        _VERSION.reset(token)
+
+
+def emulating(name: str) -> Callable[[F], F]:
+    """Decorator: the function raises from DeepEP ``name``'s table (a deferred epilogue it returns is wrapped by
+    its caller the same way)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with version(name):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def rows() -> dict[str, Any]:
+    """Every row of the current version's table, by id."""
+    return dict(table().rows)
 
 
 def message(row_id: str, **values: Any) -> str:
     """The row's message with its placeholders filled."""
-    text = rows()[row_id]["message"]
-    return text.format(**{**DEFAULT_VALUES, **values}) if "{" in text else text
+    return table().message(row_id, **values)
 
 
 def error(row_id: str, **values: Any) -> BaseException:
     """The exception the library raises for row ``row_id`` (not raised)."""
-    cls = EXCEPTIONS[rows()[row_id]["exception"]]
+    cls = EXCEPTIONS[table().exception(row_id)]
     text = message(row_id, **values)
     return cls(text) if text or cls is not AssertionError else cls()
 
@@ -79,24 +115,11 @@ def violated(ok: bool, row_id: str) -> bool:
 
 
 def message_pattern(row_id: str) -> str:
-    """A regular expression the message of row ``row_id`` matches: the exact text, the text as a prefix, or the
-    text with each ``{placeholder}`` matching anything (the row's ``message_match``)."""
-    row = rows()[row_id]
-    # The file of an assertion is the path the build compiled it from: relative for some files, absolute (the
-    # build directory) for others, e.g. "/tmp/src/DeepEP/csrc/legacy/buffer.hpp:481" on the recorded 2.1.0
-    # build.  The path up to csrc/ is not part of the contract; from csrc/ on it is.
-    text = re.escape(row["message"]).replace(re.escape("(csrc/"), r"\((?:[^()\s]*/)?csrc/")
-    # A ``{build_root}/`` placeholder likewise: absent once the message went through
-    # ``assertions.without_build_directory`` (run 21 on one H200: P12 failed its own comparison for that); the
-    # emulation writes ``<DeepEP build root>`` there.
-    text = text.replace(re.escape("({build_root}/"), r"\((?:[^()]*/)?")
-    if row["message_match"] == "prefix":
-        return text + ".*"
-    if row["message_match"] == "pattern":
-        return re.sub(r"\\\{[a-z_]+\\\}", ".+?", text)
-    return text
+    """A regular expression the message of row ``row_id`` matches (:meth:`conformance.versions.RefusalTable
+    .message_pattern`)."""
+    return table().message_pattern(row_id)
 
 
-def matches(row_id: str, message: str) -> bool:
-    """Whether ``message`` is the message of row ``row_id`` (see :func:`message_pattern`)."""
-    return re.fullmatch(message_pattern(row_id), message, re.S) is not None
+def matches(row_id: str, text: str) -> bool:
+    """Whether ``text`` is the message of row ``row_id``."""
+    return table().matches(row_id, text)

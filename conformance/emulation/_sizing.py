@@ -1,5 +1,9 @@
 """SM / QP / buffer-size heuristics of the elastic (V2) API, with CPU stand-ins for device properties.
 
+The constants that differ between DeepEP versions (the SM model's margin and rounding, the default per-SM bandwidths,
+the token layout's RDMA alignment, the per-rank expert limit) are the ``rules`` of the version being emulated now
+(``conformance/versions/<version>/contract.toml``, the version ``_refusals`` raises for): :func:`rule`.
+
 Stand-ins (used when the tensors are on CPU, so no GPU is queried): an H200, i.e. 132 SMs and 18 NVLink
 links of 26.5625 GB/s read by ``nvidia-smi nvlink -s``, times the library's 0.9 efficiency factor
 (430.3125 GB/s), and a 400 Gb/s (50 GB/s) RDMA NIC.  With these the real formula gives 22 SMs for two
@@ -10,6 +14,8 @@ from __future__ import annotations
 
 import math
 import os
+
+from conformance import versions
 
 from . import _refusals
 from .seams import seam
@@ -25,6 +31,11 @@ ELASTIC_BUFFER_ALIGNMENT = 2 << 20
 def align(value: int, alignment: int) -> int:
     """Round ``value`` up to a multiple of ``alignment``."""
     return (value + alignment - 1) // alignment * alignment
+
+
+def rule(name: str, default: float) -> float:
+    """The version being emulated now's rule ``name`` (its contract's ``[rules]``), ``default`` where it has none."""
+    return versions.contract(_refusals.current()).rule(name, default)
 
 
 def nvlink_gbs() -> float:
@@ -83,7 +94,8 @@ def theoretical_num_sms(
     sm_read_gbs: float = 200,
     sm_write_gbs: float = 50,
 ) -> int:
-    """The real bandwidth model (balanced gate): even SM count, at least 4, at most the device's."""
+    """The real bandwidth model (balanced gate): the SMs wanted times the version's margin, rounded up to its
+    multiple (at least 4), at most the device's (rounded down to even where the version does)."""
     assert num_scaleout_topk == 0
     if rdma_bw == 0 and num_rdma_ranks > 1:
         rdma_bw = rdma_gbs()
@@ -119,13 +131,17 @@ def theoretical_num_sms(
     num_device_sms = device_num_sms()
     num_sms: float = num_device_sms
     if bounded_traffic > 0:
-        num_sms = max(
+        wanted = [
             bounded_gbs / bounded_traffic * sm_read / sm_read_gbs,
             bounded_gbs / bounded_traffic * sm_write / sm_write_gbs,
-        )
-    result = align(max(4, math.ceil(num_sms * 1.25)), 2)
+        ]
+        if rule("sm_combine_terms", False):  # the combine's traffic too (deep_ep/buffers/ep.py:526-528, 2.5.0)
+            wanted += [bounded_gbs / bounded_traffic * (sm_write - nvlink_traffic) / sm_read_gbs,
+                       bounded_gbs / bounded_traffic * (sm_read + nvlink_traffic) / sm_write_gbs]
+        num_sms = max(wanted)
+    result = align(max(4, math.ceil(num_sms * rule("sm_margin", 1.25))), int(rule("sm_align", 2)))
     result = result if prefer_overlap_with_compute else max(result, 64)
-    return min(result, num_device_sms)
+    return min(result, num_device_sms // 2 * 2 if rule("sm_cap_even", False) else num_device_sms)
 
 
 #: ``ptx::kNumTMAAlignBytes``, ``sizeof(ptx::mbarrier)``.
@@ -142,15 +158,15 @@ NUM_NOTIFY_WARPS = 4
 def token_bytes(
     num_hidden_bytes: int, num_sf_bytes: int, num_topk: int, with_metadata: bool, with_mbarrier: bool, row_id: str
 ) -> int:
-    """``layout::TokenLayout(...).get_num_bytes<with_mbarrier>()``; its constructor's TMA check raises ``row_id``."""
+    """``layout::TokenLayout(...).get_num_bytes<with_mbarrier>()``; its constructor's TMA check raises ``row_id``.
+    The data part is aligned to the version's ``token_rdma_align`` (2.5.0: ``kNumRDMAAlignmentBytes`` = 64,
+    deep_ep/include/deep_ep/layout/ep/token.cuh:34-37; 2.1.0: no such alignment)."""
     _refusals.check(num_hidden_bytes % TMA_ALIGN_BYTES == 0, row_id)  # layout.cuh:198
     num_metadata_bytes = num_topk * 8 + ((1 + num_topk) * 4 if with_metadata else 0)
-    return (
-        align(num_hidden_bytes, TMA_ALIGN_BYTES)
-        + align(num_sf_bytes, TMA_ALIGN_BYTES)
-        + align(num_metadata_bytes, TMA_ALIGN_BYTES)
-        + align(MBARRIER_BYTES if with_mbarrier else 0, TMA_ALIGN_BYTES)
-    )
+    data = align(num_hidden_bytes, TMA_ALIGN_BYTES) + align(num_sf_bytes, TMA_ALIGN_BYTES) + align(
+        num_metadata_bytes, TMA_ALIGN_BYTES)
+    return align(data, int(rule("token_rdma_align", 1))) + align(MBARRIER_BYTES if with_mbarrier else 0,
+                                                                 TMA_ALIGN_BYTES)
 
 
 def dispatch_token_bytes(hidden: int, elem_size: int, num_sf_packs: int, num_topk: int, with_mbarrier: bool,

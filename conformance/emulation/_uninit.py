@@ -16,10 +16,11 @@ from collections.abc import Callable
 
 import torch
 
+from conformance.versions import POISON_BYTE
+
 from .seams import seam
 
-#: The byte of every uninitialised element the emulation returns.
-POISON_BYTE = 0x7F
+__all__ = ["POISON_BYTE", "pad_filled", "pad_uninitialised", "uninitialised"]
 
 
 @seam("uninitialised")

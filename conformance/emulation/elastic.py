@@ -11,6 +11,8 @@ import functools
 import os
 import sys
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,12 +46,12 @@ def _domains(topo: Topology, allow_hybrid_mode: bool) -> tuple[int, int, bool]:
     return scaleout, scaleup, scaleup == topo.ranks_per_node
 
 
-def _pybind_type_error(function: str, row_id: str) -> TypeError:
+def _pybind_type_error(function: str, row_id: str, class_name: str = "ElasticBuffer") -> TypeError:
     """pybind11's refusal of an argument it cannot convert (first line exact, the listing the emulation's)."""
     return TypeError(
         _refusals.message(row_id)
-        + f"\n    1. (self: deep_ep._C.ElasticBuffer, ...) -> tuple\n\nInvoked with: "
-        f"<deep_ep emulation: the arguments of ElasticBuffer.{function}>"
+        + f"\n    1. (self: deep_ep._C.{class_name}, ...) -> tuple\n\nInvoked with: "
+        f"<deep_ep emulation: the arguments of {class_name}.{function}>"
     )
 
 
@@ -156,18 +158,18 @@ def _destructor(buffer: ElasticBuffer) -> None:
     """What the real ``~ElasticBuffer`` does (buffer.hpp:146-153): without ``explicitly_destroy``, ``destroy()``; its
     barrier on a destroyed group's communicator faults and the exception leaves the destructor: the process dies (the
     emulation prints what the real one prints and aborts).  With ``explicitly_destroy`` and no ``destroy()``, the
-    library's warning.  (A barrier on a live group is not emulated: the emulation's buffers hold nothing to release.)"""
+    library's warning.  (A barrier on a live group is not emulated: the emulation's buffers hold nothing to release.)
+    The texts are the buffer class's (``_COLLECTED_AFTER_GROUP``, ``_NOT_DESTROYED``)."""
     if getattr(buffer, "runtime", None) is None:
         return
     if not buffer.explicitly_destroy:
         if _group_destroyed(buffer.group):
             sys.stdout.flush()
-            sys.stderr.write(COLLECTED_AFTER_GROUP + "\n")
+            sys.stderr.write(type(buffer)._COLLECTED_AFTER_GROUP + "\n")
             sys.stderr.flush()
             os.abort()
     else:
-        print("`destroy()` is not called before DeepEP elastic buffer destruction, which can leak resources.",
-              flush=True)
+        print(type(buffer)._NOT_DESTROYED, flush=True)
     buffer.runtime = None
 
 
@@ -221,7 +223,21 @@ class EPHandle:
 
 
 class ElasticBuffer:
-    """Pure-PyTorch model of ``deep_ep.ElasticBuffer`` (expert-parallel dispatch/combine only)."""
+    """Pure-PyTorch model of ``deep_ep.ElasticBuffer`` (expert-parallel dispatch/combine only).
+
+    The public methods are DeepEP 2.1.0's (``deep_ep/buffers/elastic.py``); what they share with later versions'
+    V2 buffers (the exchange, the layouts, the reductions, uninitialised memory) is in the ``_runtime_*`` methods,
+    which a later version's class (``conformance.emulation.v2_5_0.EPBuffer``) drives through its own public methods,
+    checks and refusal table."""
+
+    #: The DeepEP version this class models (its refusal table is the one ``_refusals`` raises from).
+    _VERSION = "2.1.0"
+    #: The handle class its dispatch returns, and the event wrapper its calls return.
+    _HANDLE: type = EPHandle
+    _EVENT_OVERLAP: type = EventOverlap
+    #: What the process prints and does when a buffer is collected after its group was destroyed, or never destroyed.
+    _COLLECTED_AFTER_GROUP = COLLECTED_AFTER_GROUP
+    _NOT_DESTROYED = "`destroy()` is not called before DeepEP elastic buffer destruction, which can leak resources."
 
     def __init__(
         self,
@@ -273,6 +289,12 @@ class ElasticBuffer:
         check(num_cpu_bytes >= 0 and num_cpu_bytes % alignment == 0, "v2_init_cpu_bytes_alignment")
         check(num_cpu_bytes <= num_bytes, "v2_init_cpu_bytes_exceed")
         check(self.num_ranks <= _MAX_RANKS, "v2_init_too_many_ranks")  # WorkspaceLayout (layout.cuh:38)
+        self._start(num_cpu_timeout_secs, num_gpu_timeout_secs, explicitly_destroy, is_nvlink)
+
+    def _start(self, num_cpu_timeout_secs: int, num_gpu_timeout_secs: int, explicitly_destroy: bool,
+               is_nvlink: bool) -> None:
+        """What every version's constructor does once its checks passed: the runtime exists, the domains are known,
+        and the ranks meet in a barrier (the real constructors' ``group.barrier()``)."""
         self.num_cpu_timeout_secs = num_cpu_timeout_secs
         self.num_gpu_timeout_secs = num_gpu_timeout_secs
         self.explicitly_destroy = explicitly_destroy
@@ -287,7 +309,7 @@ class ElasticBuffer:
         self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
         self.num_rdma_ranks, self.num_nvlink_ranks = self.get_physical_domain_size()
         self._is_scaleup_nvlink = is_nvlink
-        dist.barrier(group=group)
+        dist.barrier(group=self.group)
 
     # ----------------------------------------------------------------------------------- lifecycle/info
     def __del__(self) -> None:
@@ -426,8 +448,23 @@ class ElasticBuffer:
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, handle, event_overlap)``.
         """
         check(not _checks.deterministic_fill_enabled(), "v2_dispatch_deterministic")
+        call = self._python_dispatch(x, topk_idx, handle, num_experts, num_max_tokens_per_rank, expert_alignment,
+                                     num_sms, num_qps, do_cpu_sync, do_expand)
+        return self._runtime_dispatch(
+            call, topk_weights, cumulative_local_expert_recv_stats, (previous_event, previous_event_before_epilogue),
+            async_with_compute_stream, allocate_on_comm_stream, do_handle_copy, do_zero_padding,
+            use_tma_aligned_col_major_sf, deterministic_by_hook=async_with_compute_stream)
+
+    def _python_dispatch(self, x: XType, topk_idx: torch.Tensor | None, handle: EPHandle | None,
+                         num_experts: int | None, num_max_tokens_per_rank: int | None, expert_alignment: int | None,
+                         num_sms: int, num_qps: int, do_cpu_sync: bool | None, do_expand: bool) -> dict:
+        """The wrapper's part of ``dispatch`` before the runtime's (deep_ep/buffers/elastic.py:924-962; 2.5.0's
+        ep.py:640-677): the SM and QP counts (an explicit SM count rounded up to the version's
+        ``num_sms_multiple``), the cached handle's rules and the defaults.  The call as the runtime gets it."""
         num_topk = (handle.topk_idx if topk_idx is None else topk_idx).shape[1]
-        num_sms = self.get_theoretical_num_sms(num_experts, num_topk) if num_sms == 0 else num_sms
+        multiple = int(_sizing.rule("num_sms_multiple", 1))
+        num_sms = self.get_theoretical_num_sms(num_experts, num_topk) if num_sms == 0 else _sizing.align(
+            num_sms, multiple)
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
         check(num_qps <= self.num_allocated_qps, "v2_dispatch_qps")
         self.last_launch = {"op": "dispatch", "num_sms": num_sms, "num_qps": num_qps}
@@ -448,20 +485,47 @@ class ElasticBuffer:
                 "v2_dispatch_cached_param_mismatch",
             )
             do_expand = handle.do_expand
-        num_max_tokens_per_rank = _value_or(num_max_tokens_per_rank, self.num_max_tokens_per_rank)
-        expert_alignment = _value_or(expert_alignment, 1)
+        return {"x": x, "sf": sf, "topk_idx": topk_idx, "handle": handle, "num_experts": num_experts,
+                "num_max_tokens_per_rank": _value_or(num_max_tokens_per_rank, self.num_max_tokens_per_rank),
+                "expert_alignment": _value_or(expert_alignment, 1), "num_sms": num_sms, "num_topk": num_topk,
+                "do_cpu_sync": do_cpu_sync, "do_expand": do_expand}
+
+    def _runtime_dispatch(
+        self,
+        call: dict,
+        topk_weights: torch.Tensor | None,
+        stats: torch.Tensor | None,
+        events: tuple[EventHandle | None, ...],
+        async_with_compute_stream: bool,
+        allocate_on_comm_stream: bool,
+        do_handle_copy: bool,
+        do_zero_padding: bool,
+        use_tma_aligned_col_major_sf: bool,
+        deterministic_by_hook: bool,
+        after_exchange: Callable[[], None] | None = None,
+    ) -> tuple[XType, torch.Tensor | None, torch.Tensor | None, EPHandle, EventOverlap]:
+        """``self.runtime.dispatch`` and what the wrapper does with its result (every version's): the argument
+        conversion, the runtime's checks (:meth:`_check_dispatch`, the version's order), the exchange, the received
+        tensors (worst-case rows and gaps uninitialised), the handle (``_HANDLE``), the event, the deterministic
+        epilogue (a hook of the event when ``deterministic_by_hook``).  ``events``: the events the call waits for
+        (``previous_event`` first).  ``after_exchange``: a check the runtime makes after its kernels were launched."""
+        x, sf, topk_idx, handle = call["x"], call["sf"], call["topk_idx"], call["handle"]
+        num_experts, num_sms, num_topk = call["num_experts"], call["num_sms"], call["num_topk"]
+        num_max_tokens_per_rank, expert_alignment = call["num_max_tokens_per_rank"], call["expert_alignment"]
+        do_cpu_sync, do_expand = call["do_cpu_sync"], call["do_expand"]
+        previous_event = events[0]
+        cached = handle is not None
         check(self.runtime is not None, "v2_dispatch_after_destroy")
         # pybind11 argument conversion of ``self.runtime.dispatch(...)``
         if num_experts is None and _refusals.enforced("v2_dispatch_num_experts_none_explicit_sms"):
-            raise _pybind_type_error("dispatch", "v2_dispatch_num_experts_none_explicit_sms")
-        if _refusals.violated(_event_arguments_ok(previous_event, previous_event_before_epilogue),
-                              "v2_dispatch_event_type"):
-            raise _pybind_type_error("dispatch", "v2_dispatch_event_type")
+            raise _pybind_type_error("dispatch", "v2_dispatch_num_experts_none_explicit_sms", self._class_name())
+        if _refusals.violated(_event_arguments_ok(*events), "v2_dispatch_event_type"):
+            raise _pybind_type_error("dispatch", "v2_dispatch_event_type", self._class_name())
         channels = self._check_dispatch(
-            x, sf, topk_idx, topk_weights, cumulative_local_expert_recv_stats, handle, num_max_tokens_per_rank,
+            x, sf, topk_idx, topk_weights, stats, handle, num_max_tokens_per_rank,
             num_experts, num_sms, previous_event, allocate_on_comm_stream, do_expand, do_zero_padding,
         )
-        for event in (previous_event, previous_event_before_epilogue):
+        for event in events:
             if event is not None:
                 event.current_stream_wait()
 
@@ -478,6 +542,8 @@ class ElasticBuffer:
             expert_alignment,
             do_expand,
         )
+        if after_exchange is not None:
+            after_exchange()
         if do_expand and not do_zero_padding:
             _unpadded_gaps(plan)
         if not cached and do_cpu_sync is not None and not do_cpu_sync:
@@ -493,12 +559,8 @@ class ElasticBuffer:
                                             dtype=plan["recv_sf"].dtype, device=plan["recv_sf"].device)
             col_major.copy_(plan["recv_sf"])
             plan["recv_sf"] = col_major
-        if cumulative_local_expert_recv_stats is not None:
-            cumulative_local_expert_recv_stats += torch.tensor(
-                plan["raw"],
-                dtype=cumulative_local_expert_recv_stats.dtype,
-                device=cumulative_local_expert_recv_stats.device,
-            )
+        if stats is not None:
+            stats += torch.tensor(plan["raw"], dtype=stats.dtype, device=stats.device)
         if handle is None:
             forward_metadata = linked_list = None
             if self.num_scaleout_ranks > 1:  # placeholders of the real shapes (the emulation has no forwarders)
@@ -508,7 +570,7 @@ class ElasticBuffer:
                                               device=x.device)
                 linked_list = torch.full((channels, rows, self.num_scaleup_ranks), -1, dtype=torch.int32,
                                          device=x.device)
-            handle = EPHandle(
+            handle = self._HANDLE(
                 do_expand,
                 num_experts,
                 expert_alignment,
@@ -526,15 +588,29 @@ class ElasticBuffer:
                 forward_metadata,
                 linked_list,
             )
-        event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
+        event_overlap = self._EVENT_OVERLAP(EventHandle(x.device) if async_with_compute_stream else None)
         if self.deterministic:  # the real deterministic epilogue (the order is already final, see DIVERGENCES.md)
             epilogue = functools.partial(self._deterministic_epilogue, handle, cached)
-            if async_with_compute_stream:
-                event_overlap.register_hook_after_wait(epilogue)
+            if deterministic_by_hook:
+                event_overlap.register_hook_after_wait(self._under_version(epilogue))
             else:
                 epilogue()
         recv_x = (plan["recv_x"], plan["recv_sf"]) if sf is not None else plan["recv_x"]
         return recv_x, plan["recv_topk_idx"], plan["recv_topk_weights"], handle, event_overlap
+
+    def _class_name(self) -> str:
+        """The class the library names in its messages (``ElasticBuffer``; a later version's own)."""
+        return "ElasticBuffer"
+
+    def _under_version(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` raising from this class's version's table when it runs later (a hook run at an event's wait)."""
+        version = self._VERSION
+
+        def run() -> Any:
+            with _refusals.version(version):
+                return fn()
+
+        return run
 
     @staticmethod
     def _deterministic_epilogue(handle: EPHandle, cached: bool) -> None:
@@ -763,7 +839,18 @@ class ElasticBuffer:
         Returns ``(combined_x, combined_topk_weights, event_overlap)``.
         """
         check(not _checks.deterministic_fill_enabled(), "v2_combine_deterministic")
-        num_sms = handle.num_sms if num_sms == 0 else num_sms
+        num_sms, biases = self._python_combine(handle, num_sms, num_qps, bias)
+        return self._runtime_combine(x, handle, topk_weights, biases, num_sms,
+                                     (previous_event, previous_event_before_epilogue), async_with_compute_stream,
+                                     allocate_on_comm_stream)
+
+    def _python_combine(self, handle: EPHandle, num_sms: int, num_qps: int, bias: Bias
+                        ) -> tuple[int, list[torch.Tensor]]:
+        """The wrapper's part of ``combine`` (deep_ep/buffers/elastic.py:1086-1090; 2.5.0's ep.py:816-820): the SM
+        count (the handle's, or an explicit one rounded up to the version's ``num_sms_multiple``), the QP check, the
+        bias unpacked."""
+        multiple = int(_sizing.rule("num_sms_multiple", 1))
+        num_sms = handle.num_sms if num_sms == 0 else _sizing.align(num_sms, multiple)
         num_qps = self.get_theoretical_num_qps(num_sms) if num_qps == 0 else num_qps
         check(num_qps <= self.num_allocated_qps, "v2_combine_qps")
         self.last_launch = {"op": "combine", "num_sms": num_sms, "num_qps": num_qps}
@@ -773,19 +860,29 @@ class ElasticBuffer:
         elif isinstance(bias, tuple):
             check(len(bias) == 2, "v2_combine_bias_tuple")
             biases = [b for b in bias if b is not None]
+        return num_sms, biases
+
+    def _runtime_combine(self, x: torch.Tensor, handle: EPHandle, topk_weights: torch.Tensor | None,
+                         biases: list[torch.Tensor], num_sms: int, events: tuple[EventHandle | None, ...],
+                         async_with_compute_stream: bool, allocate_on_comm_stream: bool,
+                         defer_epilogue: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, EventOverlap]:
+        """``self.runtime.combine`` (every version's): the argument conversion, the runtime's checks
+        (:meth:`_check_combine`, the version's order), the reduction.  ``events``: the events it waits for
+        (``previous_event`` first)."""
+        previous_event = events[0]
         check(self.runtime is not None, "v2_combine_after_destroy")
         handle_fields = (handle.recv_src_metadata, handle.topk_idx, handle.psum_num_recv_tokens_per_scaleup_rank,
                          handle.token_metadata_at_forward, handle.channel_linked_list, handle.num_experts,
                          handle.num_max_tokens_per_rank, handle.do_expand)  # what the wrapper passes on
         del handle_fields
-        if _refusals.violated(_event_arguments_ok(previous_event, previous_event_before_epilogue),
-                              "v2_combine_event_type"):
-            raise _pybind_type_error("combine", "v2_combine_event_type")
-        self._check_combine(x, handle, topk_weights, biases, num_sms, previous_event, allocate_on_comm_stream)
+        if _refusals.violated(_event_arguments_ok(*events), "v2_combine_event_type"):
+            raise _pybind_type_error("combine", "v2_combine_event_type", self._class_name())
+        self._check_combine(x, handle, topk_weights, biases, num_sms, previous_event, allocate_on_comm_stream,
+                            async_with_compute_stream=async_with_compute_stream, defer_epilogue=defer_epilogue)
         reduce_on_the_way = self._reduces_on_the_way()
         if handle.do_expand and not reduce_on_the_way and topk_weights is not None:
             raise _expanded_send_with_weights()
-        for event in (previous_event, previous_event_before_epilogue):
+        for event in events:
             if event is not None:
                 event.current_stream_wait()
 
@@ -849,7 +946,7 @@ class ElasticBuffer:
                     owner[tok] == s,
                 )
                 combined_w[tok] = torch.where(slot_mask, p["w"], combined_w[tok])
-        event_overlap = EventOverlap(EventHandle(x.device) if async_with_compute_stream else None)
+        event_overlap = self._EVENT_OVERLAP(EventHandle(x.device) if async_with_compute_stream else None)
         return combined_x, combined_w, event_overlap
 
     @seam("v2_reduces_on_the_way")
@@ -868,9 +965,12 @@ class ElasticBuffer:
         num_sms: int,
         previous_event: EventHandle | None,
         allocate_on_comm_stream: bool,
+        async_with_compute_stream: bool = False,
+        defer_epilogue: bool = False,
     ) -> None:
         """The refusals of ``ElasticBuffer::combine`` (csrc/elastic/buffer.hpp:1198-1280), its launcher
-        (csrc/kernels/elastic/combine.hpp:140-146) and JIT build, in the library's order."""
+        (csrc/kernels/elastic/combine.hpp:140-146) and JIT build, in the library's order (``async_with_compute_stream``,
+        ``defer_epilogue``: a later version's flags, which 2.1.0 does not have)."""
         check(num_sms > 0, "v2_combine_num_sms_positive")
         check(x.dim() == 2, "v2_combine_x_dim")  # get_shape<2>(x)
         num_tokens, hidden = x.shape

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from conformance import versions
 from conformance.core.spec import BackendSpec
 from conformance.world.launcher import WorldShape
 
@@ -36,6 +37,10 @@ class RunConfig:
     #: What ``import deep_ep`` gives in the ranks (``--deep-ep`` resolved): ``real``, ``emulation``, or ``None``
     #: (no alias).
     deep_ep: str | None = None
+    #: The DeepEP version the emulation models in this run (``--deep-ep emulation:VERSION``; else the real deep_ep's
+    #: version where the emulation models it and a real backend is selected; else the default, 2.1.0): the emulated
+    #: backends and the ``deep_ep`` alias run on it.
+    emulation_version: str = versions.DEFAULT_VERSION
     #: What each plug-in declared (its probe, by target), for the report and the xdist workers.
     plugin_probes: dict = field(default_factory=dict)
     #: Known-defects file: ``auto`` (by the DeepEP version under test), ``none``, or a path (harness.known_defects).
@@ -58,6 +63,21 @@ class RunConfig:
         """Number of ranks."""
         return self.shape.size
 
+    @property
+    def library_version(self) -> str:
+        """The DeepEP version this run tests (whose contract the draws and the known defects follow): the version
+        of the first selected backend that is real, else the emulation's."""
+        real = next((b for b in self.backends if b.real and b.version), None)
+        return real.version if real is not None and real.version else self.emulation_version
+
+    @property
+    def deep_ep_mode(self) -> str | None:
+        """``--deep-ep`` as the ranks and the plug-in probes take it: ``emulation:VERSION`` for another version of the
+        emulation than the default, else :attr:`deep_ep`."""
+        if self.deep_ep == "emulation" and self.emulation_version != versions.DEFAULT_VERSION:
+            return f"emulation:{self.emulation_version}"
+        return self.deep_ep
+
     def cli_args(self) -> str:
         """The command-line options that reproduce this configuration."""
         args = (
@@ -66,7 +86,7 @@ class RunConfig:
             + (f" --rank-setup {self.rank_setup}" if self.rank_setup != "isolated" else "")
         )
         if self.deep_ep:
-            args += f" --deep-ep {self.deep_ep}"
+            args += f" --deep-ep {self.deep_ep_mode}"
         if self.mutant:
             args += f" --mutant {self.mutant}"
         if self.shapes:

@@ -141,7 +141,7 @@ def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> 
             "--rank-setup", config.rank_setup, "--shapes", f"{config.shapes}:{job.shape}", "--warm-up", "off",
             "--max-examples", str(EXAMPLES), "--conformance-seed", str(config.seed or 0), "--report-dir", report_dir,
             "--example-timeout", str(config.example_timeout_s), "--max-restarts", "1", "--known-defects", "none"]
-    return args + (["--deep-ep", config.deep_ep] if config.deep_ep else [])
+    return args + (["--deep-ep", config.deep_ep_mode or ""] if config.deep_ep else [])
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -1,11 +1,13 @@
-"""Known defects per DeepEP version: ``conformance/known_defects/deep_ep-<version>.toml`` (format in that file).
+"""Known defects per DeepEP version: ``known-defects.toml`` in the version's folder ``conformance/versions/<version>/``
+(read through :mod:`conformance.versions`; format in that file).
 
 The session asks :meth:`KnownDefects.match` about every failing example: a failure on the entry's property,
 charged to the entry's backend, on a case meeting the entry's condition, whose message matches the entry's
 expression, is a *known defect* (counted, and Hypothesis goes on drawing, so a new failure of the same property
 is still found); any other failure stays a failure.  An entry whose condition was reached on examples that all
 held is *fixed*.  The file is chosen by the DeepEP version under test (the real ``deep_ep``'s, or the version the
-emulation models), or given with ``--known-defects FILE`` (``none``: no known defects).
+emulation models: ``--deep-ep emulation:VERSION``), or given with ``--known-defects FILE`` (``none``: no known
+defects).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-KNOWN_DEFECTS_DIR = Path(__file__).resolve().parents[1] / "known_defects"
+from conformance import versions
+
 FIELDS = {"id", "property", "backend", "condition", "message", "reproduction", "wrong", "seen", "exercised",
           "why_not_exercised"}
 REQUIRED = ("id", "property", "backend", "reproduction", "wrong")
@@ -120,12 +123,14 @@ class KnownDefects:
 
 
 def default_path(version: str | None) -> Path | None:
-    """The file of DeepEP ``version`` (``2.1.0+emulation`` -> ``deep_ep-2.1.0.toml``), if there is one."""
+    """The file of DeepEP ``version`` (``2.1.0+emulation`` -> ``conformance/versions/2.1.0/known-defects.toml``), if
+    the suite has a contract for the version and the contract has known defects."""
     if not version:
         return None
-    base = re.match(r"\d+(\.\d+)*", version)
-    path = KNOWN_DEFECTS_DIR / f"deep_ep-{base.group(0) if base else version}.toml"
-    return path if path.exists() else None
+    try:
+        return versions.contract(version).known_defects_path
+    except versions.UnknownVersion:
+        return None
 
 
 def load(path: str | Path | None) -> KnownDefects:
@@ -162,13 +167,13 @@ def load(path: str | Path | None) -> KnownDefects:
 
 
 def modelled_version(config: Any) -> str | None:
-    """The DeepEP version under test: the real ``deep_ep``'s where a real backend is selected, else the version
+    """The DeepEP version under test: the real ``deep_ep``'s where a real backend is selected (the version whose
+    contract drives it: a version without a folder is driven, and judged, by its nearest known one), else the version
     the emulation models."""
-    if any(b.real for b in config.backends):
-        return (config.deep_ep_probe or {}).get("version")
-    from conformance import EMULATION_VERSION  # not from the emulation itself: it imports torch
-
-    return EMULATION_VERSION
+    real = [b for b in config.backends if b.real]
+    if real:
+        return real[0].version or (config.deep_ep_probe or {}).get("version")
+    return getattr(config, "emulation_version", None) or versions.DEFAULT_VERSION
 
 
 def resolve(config: Any) -> str | None:

@@ -76,14 +76,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--baseline", "a previous conformance.json (or a file of --write-baseline): fail, one paragraph per "
            "reason, if a property that held fails, a capability became unsupported, a divergence or known defect "
            "appeared, vanished or changed, or the API surface changed incompatibly", str, None, "FILE"),
-    Option("--known-defects", "known-defects file (default auto: conformance/known_defects/deep_ep-<version>.toml "
+    Option("--known-defects", "known-defects file (default auto: conformance/versions/<version>/known-defects.toml "
            "of the DeepEP version under test; none: no known defects)", str, None, "FILE"),
     Option("--mutant", "plant a registered defect in the emulation (self-tests; see docs/mutation.md)", str, None,
            "NAME"),
     Option("--deep-ep", "what 'import deep_ep' gives in the rank processes, for plug-in backends and other "
-           "third-party code: emulation (conformance.emulation under the name deep_ep), real, or auto (the real "
-           "library where it imports and the ranks have GPUs, else the emulation); default: no alias "
-           "(environment variable CONFORMANCE_DEEP_EP)", str, None, "MODE", DEEP_EP_MODES),
+           "third-party code: emulation (the emulation of DeepEP 2.1.0 under the name deep_ep), emulation:VERSION "
+           "(the emulation of that DeepEP version, e.g. emulation:2.5.0; the emulated backends run on it too), real, "
+           "or auto (the real library where it imports and the ranks have GPUs, else the emulation); default: no "
+           "alias (environment variable CONFORMANCE_DEEP_EP)", str, None, "MODE"),
     Option("--rdzv-endpoint", "HOST:PORT the world's c10d rendezvous store listens on; other hosts join with "
            "'python -m conformance.serve --rdzv-endpoint HOST:PORT --token-file FILE' (default 127.0.0.1:0: this "
            "host only, any free port)", str, "127.0.0.1:0", "HOST:PORT"),
@@ -151,12 +152,53 @@ def detect_machine(real_asked: bool) -> Machine:
     return Machine(gpus, probe_in_subprocess("deep_ep"))
 
 
-def deep_ep_option(values: dict[str, Any]) -> str | None:
-    """``--deep-ep``, or the environment's :data:`DEEP_EP_ENV` when the option is not given (``None``: no alias)."""
+def deep_ep_option(values: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``--deep-ep``, or the environment's :data:`DEEP_EP_ENV` when the option is not given: ``(mode, version)``
+    (``("emulation", "2.5.0")`` for ``emulation:2.5.0``; ``(None, None)``: no alias)."""
+    from conformance import versions
+    from conformance.backends.alias import parse
+
     mode = values.get("deep_ep") or os.environ.get(DEEP_EP_ENV, "").strip() or None
-    if mode is not None and mode not in DEEP_EP_MODES:
-        raise SetupError(f"--deep-ep (or {DEEP_EP_ENV}) must be one of {', '.join(DEEP_EP_MODES)}, got {mode!r}")
-    return mode
+    if mode is None:
+        return None, None
+    try:
+        return parse(mode)
+    except ValueError as exc:
+        raise SetupError(f"--deep-ep (or {DEEP_EP_ENV}) must be one of {', '.join(DEEP_EP_MODES)} or emulation:VERSION "
+                         f"(VERSION one of {', '.join(versions.emulated_versions())}): {exc}") from None
+
+
+def library_versions(specs: list[Any], deep_ep: str | None, emulation_version: str | None,
+                     real_deep_ep: dict[str, Any]) -> tuple[list[Any], str, list[str]]:
+    """Every spec with the DeepEP version it is driven by (``BackendSpec.version``), the emulation's version, and
+    notes for the report header.
+
+    The real ``deep_ep``'s version is its ``__version__`` and the API it finds (``conformance.versions.contract_for``:
+    an unknown version is driven with the contract of the version whose classes it exports).  The emulation's is the
+    one ``--deep-ep emulation:VERSION`` names, else the real one's where a real backend is selected and the emulation
+    models that version (real and emulated backends side by side on one version), else the default."""
+    from conformance import versions
+
+    notes: list[str] = []
+    real_version = None
+    if real_deep_ep.get("importable"):
+        exports = [name for name in ("Buffer", "ElasticBuffer", "EPBuffer") if real_deep_ep.get(name)]
+        found, note = versions.contract_for(real_deep_ep.get("version"), exports)
+        real_version = found.version
+        if note:
+            notes.append(note)
+    uses_real = any(s.impl == "real" or (s.deep_ep == "real" and (s.plugin or s.substitute)) for s in specs)
+    if emulation_version is None:
+        emulation_version = (real_version if uses_real and real_version in versions.emulated_versions()
+                             else versions.DEFAULT_VERSION)
+    out = []
+    for spec in specs:
+        real = spec.impl == "real" or (spec.deep_ep == "real" and (spec.plugin or spec.substitute))
+        spec = replace(spec, version=real_version if real else emulation_version)
+        if spec.removed:
+            notes.append(f"{spec.name}: unsupported: {spec.removed} (every property; nothing runs on it)")
+        out.append(spec)
+    return out, emulation_version, notes
 
 
 def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, real_deep_ep: dict[str, Any]
@@ -184,7 +226,7 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
         if not found.get("importable"):
             hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
             raise SetupError(f"--backends {spec.target}: the plug-in does not load: {found.get('error')}{hint}")
-        kind = deep_ep if deep_ep else ("real" if real_deep_ep.get("importable") else None)
+        kind = deep_ep.partition(":")[0] if deep_ep else ("real" if real_deep_ep.get("importable") else None)
         if found.get("uses_deep_ep", True) and kind is None:
             raise SetupError(f"--backends {spec.target}: the plug-in uses deep_ep, which does not import here "
                              f"({real_deep_ep.get('error')}); pass --deep-ep emulation (or auto) to run it on "
@@ -210,7 +252,7 @@ def _resolve_class(spec: Any, machine: Machine, deep_ep: str | None, real_deep_e
     if not found.get("importable"):
         hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
         raise SetupError(f"--backends {spec.name}: the class does not load: {found.get('error')}{hint}")
-    kind = deep_ep if deep_ep else ("real" if real_deep_ep.get("importable") else None)
+    kind = deep_ep.partition(":")[0] if deep_ep else ("real" if real_deep_ep.get("importable") else None)
     resolved = replace(spec, deep_ep=kind if found.get("uses_deep_ep", True) else None,
                        library=bool(found.get("library")), description=str(found.get("description") or ""))
     return resolved, (f"class backend {resolved.name}: {resolved.description}, driven by the built-in "
@@ -249,11 +291,12 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         raise SetupError("--remote-nodes: the other hosts join one world at --rdzv-endpoint: run without -n")
     if v["remote_nodes"] and v["rdzv_endpoint"].endswith(":0"):
         raise SetupError("--remote-nodes needs a fixed --rdzv-endpoint HOST:PORT the other hosts can reach")
-    deep_ep = deep_ep_option(v)
+    deep_ep, emulation_version = deep_ep_option(v)
     real_asked = wants_real(v["backends"])
     if real_asked and deep_ep == "emulation":
         raise SetupError(f"--backends {v['backends']} with --deep-ep emulation: the ranks' deep_ep would be the "
-                         f"emulation, so a real backend cannot run; drop --deep-ep or use --backends emulated")
+                         f"emulation, so a real backend cannot run; drop --deep-ep or use --backends emulated (the "
+                         f"emulated backends follow the real deep_ep's version where the emulation models it)")
     if (real_asked or deep_ep == "real") and shape.size < 2:
         raise SetupError(
             f"{'--backends ' + v['backends'] if real_asked else '--deep-ep real'}: the real DeepEP needs at least 2 "
@@ -333,8 +376,11 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             why = machine.deep_ep.get("error") if not machine.deep_ep.get("importable") else (
                 "it needs a CUDA world of at least 2 ranks")
             notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
-    named, plugin_notes = resolve_plugins(list(named), machine, deep_ep, machine.deep_ep)
+    mode = f"emulation:{emulation_version}" if deep_ep == "emulation" and emulation_version else deep_ep
+    named, plugin_notes = resolve_plugins(list(named), machine, mode, machine.deep_ep)
     notes += plugin_notes
+    named, emulation_version, version_notes = library_versions(named, deep_ep, emulation_version, machine.deep_ep)
+    notes += version_notes
     if v["mutant"] is not None:
         from conformance.mutants import load_catalog
 
@@ -354,7 +400,8 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             raise SetupError(str(exc)) from None
     gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size]) if device == "cuda" else ()
     rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
-    rank_env[DEEP_EP_ENV] = deep_ep or ""  # resolved here; the ranks never see "auto" (nor an inherited value)
+    # resolved here; the ranks never see "auto" (nor an inherited value)
+    rank_env[DEEP_EP_ENV] = (f"emulation:{emulation_version}" if deep_ep == "emulation" else deep_ep) or ""
     seed = v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32)
     compiles_per_shape = [b.name for b in named if b.api == "v2" and b.real]
     from conformance.strategies.vocabulary import named as vocabulary_named
@@ -388,6 +435,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         notes=tuple(notes),
         deep_ep_probe=dict(machine.deep_ep),
         deep_ep=deep_ep,
+        emulation_version=emulation_version,
         rank_setup=v["rank_setup"],
         plugin_probes={**{spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
                        **{spec.name: machine.plugins[spec.name] for spec in named if spec.substitute}},

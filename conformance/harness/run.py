@@ -396,11 +396,15 @@ def _children() -> list[int]:
 
 
 def describe_kind(spec: Any) -> str:
-    """``real`` / ``emulated``, or for a plug-in ``plug-in v1 on real deep_ep`` (what it wraps)."""
+    """``real, deep_ep 2.5.0: EPBuffer`` / ``emulated, DeepEP 2.5.0: EPBuffer`` (the version the backend is driven by
+    and its class, or why the version has no such API), or for a plug-in ``plug-in v1 on real deep_ep`` (what it
+    wraps)."""
     if spec.substitute:
         return f"class backend, {spec.api} contract, {'the real library' if spec.real else 'real: false'}"
     if not spec.plugin:
-        return "real" if spec.real else "emulated"
+        what = "not in this version" if spec.removed else spec.class_name
+        return (f"real, deep_ep {spec.contract.version}: {what}" if spec.real
+                else f"emulated, DeepEP {spec.contract.version}: {what}")
     on = {"real": "on the real deep_ep", "emulation": "on conformance.emulation", None: "without deep_ep"}
     return f"plug-in, {spec.api} contract, {on[spec.deep_ep]}"
 

@@ -126,6 +126,9 @@ class Session:
         # for what one thread does in 0.2 s.  One thread here too (only in a process that runs the suite).
         torch.set_num_threads(1)
         self.config = config
+        from conformance import versions
+
+        versions.set_under_test(config.library_version)  # what the draws and checks read of the version under test
         self.recorder = Recorder()
         self.mutant = config.mutant
         self.budget = FaultBudget(config.max_restarts)
@@ -181,14 +184,26 @@ class Session:
         return self.config.shape
 
     def excluded(self, prop: Property) -> dict[str, str]:
-        """The selected backends ``prop`` does not apply to, with the reason (another API, a missing capability:
-        :meth:`Property.applies_to`)."""
+        """The selected backends ``prop`` does not apply to, with the reason: another API, a missing capability
+        (:meth:`Property.applies_to`), or the backend's DeepEP version removed its API or a capability ``prop`` needs
+        (:meth:`BackendSpec.version_excludes`: the version's own reason, e.g. "DeepEP 2.5.0 removed the legacy
+        Buffer")."""
         out: dict[str, str] = {}
         for b in self.config.backends:
-            reason = prop.applies_to(b.api, b.capabilities, b.name)
+            reason = prop.applies_to(b.api, b.capabilities, b.name, b.class_name)
+            if b.api in prop.apis:
+                reason = b.version_excludes(prop.needs) or reason
             if reason is not None:
                 out[b.name] = reason
         return out
+
+    def contract(self, backend: str) -> Any:
+        """The contract of the DeepEP version ``backend`` is driven by (``conformance.versions.Contract``): what a check
+        reads of that version (its refusal table, its rules)."""
+        spec = next((b for b in self.config.backends if b.name == backend), None)
+        from conformance import versions
+
+        return spec.contract if spec is not None else versions.under_test()
 
     def settings_for(self, prop: Property, include_broken: bool = False) -> TaskSettings:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
@@ -387,6 +402,8 @@ class Session:
                               num_max_tokens_per_rank=16)
             broken: dict[str, dict[str, Any]] = {}
             for backend in self.config.backends:
+                if backend.removed:  # its version has no such API: unsupported everywhere, nothing to build
+                    continue
                 try:
                     built = self.run(construct, example, TaskSettings((backend,), self.mutant))
                     self.seen[backend.name] = built[0]["deep_ep"]

@@ -1,4 +1,4 @@
-"""Mutants of the refusals (the refusal table, conformance/emulation/refusals.toml).
+"""Mutants of the refusals (the refusal table, conformance/versions/<version>/refusals.toml).
 
 Two families, both harmful:
 

@@ -1,20 +1,27 @@
 """What the real library raised on bad calls, as recorded (``fixtures/deepep-real``, ``errors``).
 
-A copy ships in ``conformance/data/recorded_errors.json`` (tests/test_recorded_data.py keeps it exact) so that
-an installed suite has it without the 17 MB recordings.
+A copy ships in the recorded version's folder, ``conformance/versions/<version>/recorded-errors.json`` (read through
+:mod:`conformance.versions`; tests/test_recorded_data.py keeps 2.1.0's exact), so that an installed suite has it
+without the 17 MB recordings.
 """
 
 from __future__ import annotations
 
-import functools
-import json
-from pathlib import Path
+from conformance import versions
 
-RECORDED_ERRORS = Path(__file__).resolve().parents[1] / "data" / "recorded_errors.json"
+#: DeepEP 2.1.0's copy (the version the recordings in ``fixtures/deepep-real`` come from).
+RECORDED_ERRORS = versions.contract("2.1.0").folder / "recorded-errors.json"
 
 
-@functools.lru_cache(maxsize=1)
-def recorded_errors() -> dict[str, tuple[str, str]]:
-    """``{name: (exception type, message)}`` recorded from the real DeepEP 2.1.0 (same on both ranks)."""
-    errors = json.loads(RECORDED_ERRORS.read_text())["errors"]
-    return {name: (kind, message) for name, (kind, message) in errors.items()}
+def recorded_errors(version: str | None = "2.1.0") -> dict[str, tuple[str, str]]:
+    """``{name: (exception type, message)}`` recorded from the real DeepEP ``version`` (same on both ranks; empty for
+    a version nothing was recorded of yet)."""
+    return dict(versions.contract(version).recorded_errors)
+
+
+def expected_refusal(contract: versions.Contract, recorded: str, row_id: str) -> tuple[str, str]:
+    """``(exception type, message)`` a call must raise on ``contract``'s DeepEP version: what the real library raised
+    where it was recorded (``recorded``, a name of ``recorded-errors.json``), else the version's refusal-table row
+    ``row_id`` (read from its source)."""
+    found = contract.recorded_errors.get(recorded)
+    return found if found is not None else (contract.refusals.exception(row_id), contract.refusals.message(row_id))

@@ -8,6 +8,11 @@ The bounding fabric's bandwidth over its volume is the token rate; the SMs neede
 (``sm_read_gbs`` / ``sm_write_gbs`` per SM), whichever is more, times 1.25, rounded up to an even count of at least
 4 (at least 64 when the buffer does not prefer overlapping with compute), at most the device's SM count.  The
 float expressions keep the source's order of operations, so that the rounding up lands on the same integer.
+
+DeepEP 2.5.0 changed the constants (deep_ep/buffers/ep.py:430-549): the SMs the combine needs are weighed too, the
+margin is 1.3, the count a multiple of 4, capped by the device's count rounded down to even.  They are arguments
+here, which a check takes from the version's contract (``conformance.versions``: ``sm_margin``, ``sm_align``,
+``sm_combine_terms``, ``sm_cap_even``).
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ def expected_topk_groups(num_experts: int, num_topk: int, num_groups: int) -> fl
 
 def expected_num_sms(num_experts: int, num_topk: int, *, num_nodes: int, ranks_per_node: int,
                      allow_hybrid_mode: bool, prefer_overlap_with_compute: bool, rdma_gbs: float, nvlink_gbs: float,
-                     sm_read_gbs: float, sm_write_gbs: float, device_sms: int) -> int:
+                     sm_read_gbs: float, sm_write_gbs: float, device_sms: int, margin: float = 1.25,
+                     multiple: int = 2, combine_terms: bool = False, cap_even: bool = False) -> int:
     """``get_theoretical_num_sms(num_experts, num_topk, 0, rdma_gbs, nvlink_gbs, sm_read_gbs, sm_write_gbs)`` on
-    a buffer of ``num_nodes`` x ``ranks_per_node`` ranks (``rdma_gbs`` and ``nvlink_gbs`` non-zero)."""
+    a buffer of ``num_nodes`` x ``ranks_per_node`` ranks (``rdma_gbs`` and ``nvlink_gbs`` non-zero); ``margin``,
+    ``multiple``, ``combine_terms``, ``cap_even``: the version's constants (2.1.0's by default)."""
     ranks = num_nodes * ranks_per_node
     hybrid = allow_hybrid_mode and num_nodes > 1  # more than one scale-out rank
     reached = expected_topk_groups(num_experts, num_topk, ranks)  # destination ranks per token
@@ -54,12 +61,15 @@ def expected_num_sms(num_experts: int, num_topk: int, *, num_nodes: int, ranks_p
         traffic, gbs = nvlink, nvlink_gbs
     wanted: float = device_sms
     if traffic > 0:
-        wanted = max(gbs / traffic * read / sm_read_gbs, gbs / traffic * write / sm_write_gbs)
-    count = max(4, math.ceil(wanted * 1.25))
-    count += count % 2
+        needs = [gbs / traffic * read / sm_read_gbs, gbs / traffic * write / sm_write_gbs]
+        if combine_terms:  # the combine reads what the dispatch wrote, and writes what it read, over NVLink
+            needs += [gbs / traffic * (write - nvlink) / sm_read_gbs, gbs / traffic * (read + nvlink) / sm_write_gbs]
+        wanted = max(needs)
+    count = max(4, math.ceil(wanted * margin))
+    count = -(-count // multiple) * multiple
     if not prefer_overlap_with_compute:
         count = max(count, 64)
-    return min(count, device_sms)
+    return min(count, device_sms // 2 * 2 if cap_even else device_sms)
 
 
 def expected_num_qps(num_sms: int, *, allow_hybrid_mode: bool, num_allocated_qps: int) -> int:

@@ -49,6 +49,8 @@ class CheckContext(Protocol):
     def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
     def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 
+    def contract(self, backend: str) -> Any: ...  # conformance.versions.Contract of the version backend is driven by
+
 
 @dataclass(frozen=True)
 class Stateful:
@@ -123,12 +125,14 @@ class Property:
     #: The module that registered it (set by :func:`register`): where its documentation lives.
     module: str = field(default="", compare=False, repr=False)
 
-    def applies_to(self, api: str, capabilities: Iterable[str], name: str = "it") -> str | None:
-        """Why a backend (``name``) following ``api`` (``v1`` / ``v2``) and declaring ``capabilities`` is not checked
-        by this property, or ``None`` when it is.  The one rule the session, the docs and the self-tests share."""
+    def applies_to(self, api: str, capabilities: Iterable[str], name: str = "it",
+                   class_name: str | None = None) -> str | None:
+        """Why a backend (``name``) following ``api`` (``v1`` / ``v2``; ``class_name``: its class in the backend's
+        DeepEP version, e.g. ``EPBuffer``) and declaring ``capabilities`` is not checked by this property, or ``None``
+        when it is.  The one rule the session, the docs and the self-tests share."""
         if api not in self.apis:
             apis = " or ".join(f"{a} ({APIS[a]})" for a in self.apis)
-            return f"{self.id} checks the {apis} contract and {name} follows {api} ({APIS[api]})"
+            return f"{self.id} checks the {apis} contract and {name} follows {api} ({class_name or APIS[api]})"
         declared = set(capabilities)
         missing = [need for need in self.needs if need not in declared]
         if missing:

@@ -18,7 +18,7 @@ from conformance.assertions import (
 )
 from conformance.core.example import Example
 from conformance.core.views import Unsupported
-from conformance.oracle.recorded import recorded_errors
+from conformance.oracle.recorded import expected_refusal
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.calls import small_examples
@@ -82,7 +82,8 @@ def check_backend(ctx: CheckContext, example: Example, backend: str, results: li
                 assert_value_equal("event released (EventOverlap.event is None)", got["combine_with"][2], True,
                                    call=call, why="`with event(release_handle=True):` lets the event go on exit")
     if "refusal" in results[0]:
-        expected_type, expected_message = recorded_errors()[REFUSAL]
+        expected_type, expected_message = expected_refusal(ctx.contract(backend), REFUSAL,
+                                                           "v2_dispatch_previous_event_without_comm_alloc")
         assert_refused_then_usable(
             ctx, example, results, refused="refusal", after="after_refusal",
             call=f"{backend} ElasticBuffer.dispatch(..., previous_event=capture(), allocate_on_comm_stream=False)",

@@ -13,7 +13,7 @@ from typing import Any
 from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, assert_value_equal, per_backend
 from conformance.core.cases import QpCase
 from conformance.core.views import Unsupported
-from conformance.oracle.recorded import recorded_errors
+from conformance.oracle.recorded import expected_refusal
 from conformance.oracle.schedule import CPU_DEVICE_SMS, expected_num_qps, expected_num_sms
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -36,9 +36,11 @@ def expected_preflight(case: QpCase) -> dict[int, list[int]] | None:
     return {pinned: others, pinned + 1: [case.offender]} if others else None
 
 
-def _check_schedule(caps: dict[str, Any], case: QpCase, shape: Any, device_sms: int, call: str) -> None:
+def _check_schedule(caps: dict[str, Any], case: QpCase, shape: Any, device_sms: int, call: str,
+                    rules: Any = None) -> None:
     """One buffer's theoretical QP counts (every even SM count) and SM count (the case's experts and bandwidths)
-    against the oracle of the library's formulas, for its cap and its ``allow_hybrid_mode``."""
+    against the oracle of the library's formulas, for its cap and its ``allow_hybrid_mode`` (``rules``: the SM
+    model's constants of the backend's DeepEP version, its contract's rules)."""
     __tracebackhide__ = True
     hybrid, cap = caps["allow_hybrid_mode"], caps["num_allocated_qps"]
     for num_sms, qps in caps["theoretical"].items():
@@ -46,9 +48,13 @@ def _check_schedule(caps: dict[str, Any], case: QpCase, shape: Any, device_sms: 
         assert_value_equal(f"get_theoretical_num_qps(num_sms={num_sms})", qps, expected, call=call,
                            why=f"{'16 per SM + 1' if hybrid else 'at most 9'}, capped by num_allocated_qps={cap}")
     example, bandwidths = case.example, {name: getattr(case, name) for name in BANDWIDTHS}
+    rules = rules or {}
     expected = expected_num_sms(example.num_experts, example.num_topk, num_nodes=shape.nodes,
                                 ranks_per_node=shape.ranks_per_node, allow_hybrid_mode=hybrid,
-                                prefer_overlap_with_compute=True, device_sms=device_sms, **bandwidths)
+                                prefer_overlap_with_compute=True, device_sms=device_sms,
+                                margin=rules.get("sm_margin", 1.25), multiple=int(rules.get("sm_align", 2)),
+                                combine_terms=bool(rules.get("sm_combine_terms", False)),
+                                cap_even=bool(rules.get("sm_cap_even", False)), **bandwidths)
     given = ", ".join(f"{name}={value:g}" for name, value in bandwidths.items())
     assert_value_equal(f"get_theoretical_num_sms({example.num_experts}, {example.num_topk}, {given})",
                        caps["theoretical_sms"], expected, call=call,
@@ -56,7 +62,7 @@ def _check_schedule(caps: dict[str, Any], case: QpCase, shape: Any, device_sms: 
                            f"{device_sms} device SMs")
 
 
-def _check_caps(got: dict, case: QpCase, shape: Any, backend: str, rank: int) -> None:
+def _check_caps(got: dict, case: QpCase, shape: Any, backend: str, rank: int, rules: Any = None) -> None:
     """The automatic caps (hybrid and direct), the explicit buffer's cap and size, and every buffer's schedule."""
     __tracebackhide__ = True
     device_sms = got["device_sms"] or CPU_DEVICE_SMS
@@ -65,7 +71,7 @@ def _check_caps(got: dict, case: QpCase, shape: Any, backend: str, rank: int) ->
         call = f"{backend} ElasticBuffer(num_allocated_qps=0, allow_hybrid_mode={mode == 'hybrid'}) on rank {rank}"
         if cap not in allowed:
             raise AssertionError(f"num_allocated_qps = {cap}, expected the automatic cap {allowed[0]} [{call}]")
-        _check_schedule(got[mode], case, shape, device_sms, call)
+        _check_schedule(got[mode], case, shape, device_sms, call, rules)
     explicit = got["explicit"]
     call = (f"{backend} ElasticBuffer(num_bytes={got['explicit_num_bytes']}, num_cpu_bytes={case.num_cpu_bytes}, "
             f"num_allocated_qps={case.num_allocated_qps}) on rank {rank}")
@@ -73,7 +79,7 @@ def _check_caps(got: dict, case: QpCase, shape: Any, backend: str, rank: int) ->
                        why="the count asked for")
     assert_value_equal("num_bytes", explicit["num_bytes"], got["explicit_num_bytes"], call=call,
                        why="the size asked for")
-    _check_schedule(explicit, case, shape, device_sms, call)
+    _check_schedule(explicit, case, shape, device_sms, call, rules)
 
 
 def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> None:
@@ -92,7 +98,7 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
             ctx.record_unsupported(next(got for got in results if isinstance(got, Unsupported)), case)
             continue
         for rank, got in enumerate(results):
-            _check_caps(got, case, ctx.shape, backend, rank)
+            _check_caps(got, case, ctx.shape, backend, rank, ctx.contract(backend).rules)
             verdict = got["preflight_disagree"]
             expected_holders = expected_preflight(case)
             if (verdict and verdict[1]) != expected_holders:
@@ -104,7 +110,7 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
                     f"{case.offender} holding {example.num_max_tokens_per_rank + 1}]"
                 )
 
-        over_type, over_message = recorded_errors()[OVER_QPS]
+        over_type, over_message = expected_refusal(ctx.contract(backend), OVER_QPS, "v2_dispatch_qps")
         call = (f"{backend} ElasticBuffer.dispatch(..., num_qps=num_allocated_qps + {case.over_qps}) on "
                 f"ElasticBuffer(num_allocated_qps={case.num_allocated_qps})")
         assert_refused_then_usable(ctx, example, results, refused="over_qps", after="after_over_qps", call=call,

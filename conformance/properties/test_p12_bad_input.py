@@ -1,10 +1,11 @@
-"""P12 bad input: every bad call of the refusal table (``conformance/emulation/refusals.toml``, one row per host
-refusal of DeepEP 2.1.0 on the argument path of a public call) raises the library's exception on every rank,
-nothing hangs, the row's valid neighbour passes, neither call leaves the caller's current CUDA stream switched (a
-refusal raised after the library switched to its communication stream would poison every later call of the thread),
-and the next valid dispatch returns the oracle's bytes.  A call that a set-up limit names (``core/setup_limits.py``:
-e.g. an ``ElasticBuffer`` with ``num_cpu_bytes > 0`` on the real library with ranks sharing one GPU, where it never
-returns) is not made: that part of the row is listed as not checked for the backend, with the limit's evidence.
+"""P12 bad input: every bad call of the refusal table of the DeepEP version under test
+(``conformance/versions/<version>/refusals.toml``, one row per host refusal on the argument path of a public call)
+raises the library's exception on every rank, nothing hangs, the row's valid neighbour passes, neither call leaves the
+caller's current CUDA stream switched (a refusal raised after the library switched to its communication stream would
+poison every later call of the thread), and the next valid dispatch returns the oracle's bytes.  A call that a
+set-up limit names (``core/setup_limits.py``: e.g. an ``ElasticBuffer`` with ``num_cpu_bytes > 0`` on the real
+library with ranks sharing one GPU, where it never returns) is not made: that part of the row is listed as not checked
+for the backend, with the limit's evidence.
 
 Every run makes every applicable row's calls once (the explicit sweep), then draws one to four rows with
 examples; real and emulated backends are held to the same rows, so a run on the real library checks the table.
@@ -12,11 +13,11 @@ examples; real and emulated backends are held to the same rows, so a run on the 
 One row is not a refusal the contract allows but a valid call it promises: a V2 cached ``dispatch(x,
 handle=handle)`` without ``num_experts`` (the handle has it).  It must work; DeepEP 2.1.0 raises a TypeError there
 (the emulation follows), which is the known defect ``v2-cached-dispatch-without-num-experts``
-(conformance/known_defects/deep_ep-2.1.0.toml): reported as ``known-defect`` while DeepEP has it, and as fixed
+(conformance/versions/2.1.0/known-defects.toml): reported as ``known-defect`` while DeepEP has it, and as fixed
 once it no longer fails.  It is checked last, so the other rows of its example are judged first.
 
-The refusal table. `conformance/emulation/refusals.toml` lists every host-side refusal of DeepEP 2.1.0 on the argument
-path of the constructors, `get_dispatch_layout`, `dispatch`, `combine`, the low-latency calls
+The refusal table. `conformance/versions/2.1.0/refusals.toml` lists every host-side refusal of DeepEP 2.1.0 on the
+argument path of the constructors, `get_dispatch_layout`, `dispatch`, `combine`, the low-latency calls
 (`clean_low_latency_buffer`, the shrink-mode mask calls, `get_next_low_latency_combine_buffer` and the size hint
 included) and `get_local_buffer_tensor` (492 rows, each with its source line, exception and message, whether Python
 can reach it, and its status in the emulation: 352 emulated exactly, 16 emulated with a documented difference, 110
@@ -28,7 +29,9 @@ buffer's state, a handle from another buffer) is a recipe in `conformance/tasks/
 (the low-latency rows of a task share one low-latency buffer at a time, and the combine rows one dispatch). P12 makes
 every applicable row's calls on every run (262 rows on one node, 178 on two) and then draws rows with examples; real
 and emulated backends are held to the same rows, so a run on the real library checks the table itself. Review the
-table whenever the recorded API surface changes.
+table whenever the recorded API surface changes. Each DeepEP version has its own table (2.5.0's:
+`conformance/versions/2.5.0/refusals.toml`, read from its source): a backend is held to the table of the version it
+is driven by, a row id naming the same refusal (and the same recipe) in every version that has it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from typing import Any
 from conformance.assertions import assert_no_side_effect, assert_raised_everywhere, assert_view_matches_oracle
 from conformance.core.cases import BadCallCase, p12_rows
 from conformance.core.views import Unsupported
-from conformance.emulation import _refusals
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies.calls import bad_call_cases, bad_call_sweep
 from conformance.tasks.bad_input import bad_call_results
@@ -63,11 +65,13 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
         row = table[row_id]
         for backend in per_rank[0]["rows"][row_id]:
             got = [ranks["rows"][row_id][backend] for ranks in per_rank]
+            refusals = ctx.contract(backend).refusals  # the table of the backend's DeepEP version
+            row = refusals.row(row_id)
             where = f"{backend}: {row['call']} with {row['condition']} [refusal {row_id}, {row['source']}]"
             ctx.checking((backend,))
             if not _not_made(ctx, backend, row_id, "the bad call", [g["raised"] for g in got]):
                 assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
-                                         message_pattern=_refusals.message_pattern(row_id))
+                                         message_pattern=refusals.message_pattern(row_id))
                 assert_no_side_effect([g["raised"] for g in got], call=where, what="the bad call")
             if not _not_made(ctx, backend, row_id, "the valid neighbour", [g["neighbour"] for g in got]):
                 _neighbour_passed(got, row_id, where)

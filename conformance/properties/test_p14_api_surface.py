@@ -1,11 +1,12 @@
-"""P14 API surface: each installed API's import probe and method signatures against the committed snapshot
-of the real DeepEP 2.1.0 (conformance/data/api-surface).  Runs once per session (its strategy yields one case)."""
+"""P14 API surface: each installed API's import probe and method signatures against the committed snapshot of the
+DeepEP version under test (conformance/versions/<version>/api-surface.json: 2.1.0's recorded on the real library,
+2.5.0's read from its source, to be confirmed there).  Runs once per session (its strategy yields one case)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from conformance.core.api_surface import SNAPSHOT, changes_as_json, diff_surface, load_snapshot
+from conformance.core.api_surface import changes_as_json, diff_surface, load_snapshot, snapshot_path
 from conformance.core.cases import ApiSurfaceCase
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -18,7 +19,7 @@ def check(ctx: CheckContext, case: ApiSurfaceCase, per_rank: list[dict[str, Any]
     change against the snapshot (renamed/removed arguments or methods fail; added optional ones are
     reported in the artifacts and pass)."""
     __tracebackhide__ = True
-    snapshot = load_snapshot(SNAPSHOT.parent / case.snapshot)
+    snapshot = load_snapshot(snapshot_path(case.snapshot))
     for rank, surface in enumerate(per_rank[1:], start=1):
         if surface != per_rank[0]:
             raise AssertionError(f"rank {rank} sees a different API surface than rank 0 [import probe + signatures]")

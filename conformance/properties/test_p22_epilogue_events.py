@@ -28,7 +28,6 @@ from conformance.assertions import (
     per_backend,
 )
 from conformance.core.example import Example, build_all_inputs, build_biases, second_payload
-from conformance.emulation import _refusals
 from conformance.oracle.reduction import ExpectedSum, expected_round_trip_sum
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -68,11 +67,12 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
                 ctx.record_unsupported(result, example)
             continue
         if "dispatch_refused" in results[0]:
+            refusals = ctx.contract(backend).refusals  # the table of the backend's DeepEP version
             for op, row_id in ROWS.items():
-                row = _refusals.rows()[row_id]
+                row = refusals.row(row_id)
                 assert_raised_everywhere(
                     [got[f"{op}_refused"] for got in results], expected_type=row["exception"],
-                    message_pattern=_refusals.message_pattern(row_id),
+                    message_pattern=refusals.message_pattern(row_id),
                     call=f"{backend}: ElasticBuffer.{op}(..., previous_event_before_epilogue=EventOverlap(capture())) "
                          f"[refusal {row_id}, {row['source']}]")
         else:

@@ -1,6 +1,6 @@
 """P26 worst-case outputs read whole: a V2 dispatch without a CPU sync (``do_cpu_sync=False``, the CUDA-graph path)
 returns tensors sized for the worst case; a client that reads them whole (a MoE GEMM over every row) reads its
-valid rows as the oracle's and, past them, only what the library promises.
+valid rows as the oracle's and, past them, in ``recv_topk_idx``, -1 (no expert).
 
 For each variant (``rows``: ``num_ranks x num_max_tokens_per_rank`` rows; ``expand`` and ``expand_zero_padding``:
 the worst expanded rows), every output is copied whole (reading it must not fault), after the caching allocator was
@@ -8,12 +8,16 @@ filled with 0x7F bytes on a GPU (the emulation hands out such bytes where the li
 Asserted: in every variant the valid count ``psum_num_recv_tokens_per_scaleup_rank[-1]`` is the tokens received and
 the valid rows hold exactly the oracle's receipts (sources, local experts, bytes, weights; in expand mode P20's check
 of a no-sync layout, folded back in the oracle's segments); with ``do_zero_padding`` every alignment gap is +0.0
-(P20's check).  Nothing is asserted of the rows past the valid ones or of the gaps
-without ``do_zero_padding``: the report says, per backend, variant, output and region, what a reader got there
-(artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1, or other bytes), the handle's
-``recv_src_metadata`` included (its rows past the valid ones; without expand its columns 2..).  On the real
-2.1.0 (csrc/elastic/buffer.hpp:1064-1109, ``torch::empty``) those rows are uninitialised: mask them by the valid
-count (``psum_num_recv_tokens_per_scaleup_rank[-1]``, or ``recv_topk_idx`` only below it) before computing on them.
+(P20's check); and the rows of ``recv_topk_idx`` past the valid count are -1.  A graph-mode consumer reads those
+rows as expert ids (a grouped GEMM or a permute over every row): V1's ``num_worst_tokens`` writes -1 there, DeepEP's
+own fix (PR #739) fills -1, vLLM sanitises them.  On the real 2.1.0 and 2.5.0 they are uninitialised
+(csrc/elastic/buffer.hpp:1064-1109, csrc/buffers/ep.hpp:664-702: ``torch::empty``): the known defect
+``v2-recv-topk-idx-uninitialised-past-valid-rows`` of both versions (reported ``known-defect`` while the library has
+it, with the workaround: mask by the valid count before using the rows).  Nothing is asserted of the other outputs'
+rows past the valid ones or of the gaps without ``do_zero_padding``: the report says, per backend, variant, output and
+region, what a reader got there (artifact ``what a reader gets``: the 0x7F bytes of uninitialised memory, zeros, -1,
+or other bytes), the handle's ``recv_src_metadata`` included (its rows past the valid ones; without expand its columns
+2..); mask them by the valid count (``psum_num_recv_tokens_per_scaleup_rank[-1]``) before computing on them.
 """
 
 from __future__ import annotations
@@ -23,17 +27,22 @@ from typing import Any
 
 import torch
 
-from conformance.assertions import assert_receipts_equal, assert_same_tokens, for_each_backend
+from conformance.assertions import (
+    assert_no_expert_rows,
+    assert_receipts_equal,
+    assert_same_tokens,
+    for_each_backend,
+)
 from conformance.canonical import receipts_from_view
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, v2_layout
-from conformance.emulation._uninit import POISON_BYTE
 from conformance.oracle import expected_aligned_counts, expected_receipts, expected_received_tokens
 from conformance.oracle.counts import expected_padding_rows
 from conformance.properties import CheckContext, Property, register
 from conformance.properties.test_p20_dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.strategies import examples, sized
 from conformance.tasks.worst_case import worst_case_views
+from conformance.versions import POISON_BYTE
 
 #: The report's artifact: backend -> "variant output[region]" -> what was read there over the examples.
 KEY = "what a reader gets"
@@ -68,7 +77,8 @@ def unwritten_rows(view: DispatchView, variant: str, example: Example, inputs: l
 
 
 def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:
-    """Valid rows as the oracle's, zeroed gaps where asked for; what lies past them recorded."""
+    """Valid rows as the oracle's, zeroed gaps where asked for, -1 in ``recv_topk_idx`` past the valid rows (checked
+    last, after what lies past them was recorded)."""
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
 
@@ -105,14 +115,20 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             for region, t in metadata_regions.items():
                 if (what := describe(t)) is not None:
                     ctx.record_seen(KEY, backend, f"{variant} {region}", what)
+        rows = variants.get("rows")
+        if rows is not None:  # the rows past the valid count are no expert
+            valid = int(v2_layout(rows).psum_num_recv_tokens_per_scaleup_rank[-1])
+            assert_no_expert_rows(rows.topk_idx, valid, name="recv_topk_idx", rank=rank, call=rows.call,
+                                  why=f"past the valid count psum_num_recv_tokens_per_scaleup_rank[-1] = {valid} of a "
+                                      f"do_cpu_sync=False dispatch")
 
     for_each_backend(ctx, example, per_rank, one)
 
 
 PROPERTY = register(Property(
     id="P26-worst-case-whole",
-    title="V2 do_cpu_sync=False outputs read whole: valid rows as the oracle's, zeroed gaps where asked, and what "
-          "lies past them reported",
+    title="V2 do_cpu_sync=False outputs read whole: valid rows as the oracle's, zeroed gaps where asked, -1 in "
+          "recv_topk_idx past the valid rows, and what lies past them reported",
     strategy=sized(examples), task=worst_case_views, check=check, apis=("v2",), needs=("worst_case",),
 ))
 test_worst_case_whole = PROPERTY.test

@@ -64,7 +64,6 @@ from conformance.assertions import (
 from conformance.core.cases import SequenceCase
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload, upstream_combined_grad
 from conformance.core.views import Raised, Unsupported
-from conformance.emulation import _refusals
 from conformance.oracle.counts import expected_aligned_counts
 from conformance.oracle.reduction import (
     expected_round_trip_bf16,
@@ -251,7 +250,8 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
             ctx.checking((backend,))
             results = [ranks[backend] for ranks in per_rank]
             if step.op == "use_destroyed" and not any(isinstance(r, Unsupported) for r in results):
-                _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results])
+                _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results],
+                                 ctx.contract(backend).refusals)
                 continue
             for rank, result in enumerate(results):
                 if isinstance(result, Unsupported):
@@ -272,9 +272,10 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
         raise
 
 
-def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, results: list[Raised]) -> None:
-    """A call on a destroyed buffer raises the refusal table's exception on every rank (or does nothing, V2's
-    second destroy), never crashes or hangs."""
+def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, results: list[Raised],
+                     refusals: Any) -> None:
+    """A call on a destroyed buffer raises the refusal table's exception (``refusals``: the table of the backend's
+    DeepEP version) on every rank (or does nothing, V2's second destroy), never crashes or hangs."""
     __tracebackhide__ = True
     step = case.steps[index]
     row = DESTROYED_ROWS[(api, step.use)]
@@ -285,9 +286,8 @@ def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, res
             raise AssertionError(f"{raised[0]} on a destroyed buffer's destroy(); the library returns (its runtime is "
                                  f"None: elastic.py:375) [{call}]")
         return
-    table = _refusals.rows()[row]
-    assert_raised_everywhere(results, call=call + f" (refusal-table row {row})", expected_type=table["exception"],
-                             message_pattern=_refusals.message_pattern(row))
+    assert_raised_everywhere(results, call=call + f" (refusal-table row {row})", expected_type=refusals.exception(row),
+                             message_pattern=refusals.message_pattern(row))
 
 
 def check(ctx: CheckContext, case: SequenceCase, per_rank: list[list[dict[str, Any]]]) -> None:

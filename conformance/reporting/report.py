@@ -284,7 +284,8 @@ def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
                 "description": spec.description, "deep_ep": spec.deep_ep}
     if not spec.plugin:
         return {"name": spec.name, "api": spec.class_name, "real": spec.real,
-                "module": "deep_ep" if spec.real else "conformance.emulation"}
+                "module": "deep_ep" if spec.real else spec.contract.emulation,
+                "deep_ep_version": spec.contract.version, **({"removed": spec.removed} if spec.removed else {})}
     module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
     return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "plugin": spec.source,
             "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep,
@@ -318,6 +319,9 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
         "backends": [backend_entry(b, config) for b in config.backends],
         "deep_ep_alias": config.deep_ep,
+        # the DeepEP version the run tests (its contract: conformance/versions/), and the one the emulation models
+        "library_version": getattr(config, "library_version", None),
+        "emulation_version": getattr(config, "emulation_version", None),
         "probes": probes,
         "nodes": config.shape.nodes,
         "ranks_per_node": config.shape.ranks_per_node,
@@ -645,7 +649,10 @@ def _kind(backend: dict[str, Any]) -> str:
     if "class" in backend:
         return f"class backend {backend['class']} in place of deep_ep.{backend['api']}, real: {backend['real']}"
     if "plugin" not in backend:
-        return "real" if backend["real"] else "emulated"
+        seen = (backend.get("deep_ep_seen") or {}).get("version") or backend.get("deep_ep_version")
+        version = f", deep_ep {seen}" if seen else ""
+        gone = ": unsupported, not in this version" if backend.get("removed") else ""
+        return ("real" if backend["real"] else "emulated") + version + gone
     on = {"real": "real deep_ep", "emulation": "conformance.emulation as deep_ep"}.get(backend.get("deep_ep"),
                                                                                         "no deep_ep")
     return f"plug-in {backend['plugin']}, {backend['api']} contract, on {on}"

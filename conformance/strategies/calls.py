@@ -13,6 +13,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from conformance import versions
 from conformance.backends.limits import known_limit
 from conformance.core.cases import ApiSurfaceCase, BadCallCase, QpCase, p12_rows, row_api
 from conformance.core.example import Example
@@ -60,7 +61,7 @@ def row_applies(row_id: str, example: Example, world: Any) -> bool:
     no known capability limit of the row's API refuses the example first (V2 combine at hidden 128)."""
     row = p12_rows()[row_id]
     api, operation = row_api(row), "combine" if ".combine" in row["call"] else "dispatch"
-    if api in ("v1", "v2") and known_limit(api, operation, example) is not None:
+    if api in ("v1", "v2") and known_limit(api, operation, example, versions.under_test().version) is not None:
         return False
     return refusals.applies(row_id, example, world.nodes)
 
@@ -117,5 +118,5 @@ def bad_call_cases(draw: st.DrawFn, world: Any, among: tuple[str, ...] | None = 
 
 
 def api_surface_cases(world_size: int) -> st.SearchStrategy[ApiSurfaceCase]:
-    """P14's single case (the property runs once per session)."""
-    return st.just(ApiSurfaceCase(world_size=world_size))
+    """P14's single case (the property runs once per session), against the snapshot of the version under test."""
+    return st.just(ApiSurfaceCase(world_size=world_size, snapshot=versions.under_test().version))

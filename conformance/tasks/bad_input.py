@@ -12,7 +12,6 @@ from conformance.backends.factory import get_adapter
 from conformance.core.cases import BadCallCase, row_api
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, Raised, Unsupported
-from conformance.emulation import _refusals
 from conformance.tasks import refusals
 from conformance.tasks.env import RankEnv, rank_task
 from conformance.tasks.setup import SetupLimited
@@ -50,7 +49,7 @@ def _bad_calls(env: RankEnv, case: BadCallCase, shared: refusals.SharedBuffers) 
     rows: dict[str, dict[str, Any]] = {}
     used: dict[str, Any] = {}  # backend name -> its spec
     for row_id in case.rows:
-        api = row_api(_refusals.rows()[row_id])
+        api = row_api(refusals.rows()[row_id])
         done_impls: set[str] = set()
         per_backend = rows.setdefault(row_id, {})
         for spec in env.specs(capability="bad_input"):

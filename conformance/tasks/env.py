@@ -183,7 +183,7 @@ def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: E
     """``exc`` as ``spec``'s :class:`Unsupported` result where a known limit of one of ``operations`` covers
     ``example`` (``backends.limits``), else ``None`` (a failure)."""
     for operation in operations:
-        limit = None if example is None else known_limit(spec.api, operation, example)
+        limit = None if example is None else known_limit(spec.api, operation, example, spec.version)
         if limit is not None and limit.refused(exc):
             return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
                                f"{spec.class_name}.{operation} with {limit.condition}")

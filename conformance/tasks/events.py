@@ -154,7 +154,7 @@ BARRIER_LATE_S = 0.02
 _barriers = [0]
 
 
-def _barrier_runs(buffer: Any, device: torch.device) -> list[dict[str, Any]]:
+def _barrier_runs(adapter: Any, buffer: Any, device: torch.device) -> list[dict[str, Any]]:
     """Each call of :data:`BARRIER_CALLS`: every rank adds one to a fresh key of the world's store right before
     it enters (the last rank late), and reads the key after the barrier has completed (on a GPU: after a device
     synchronisation, so also without ``with_cpu_sync``): how many ranks had entered."""
@@ -166,7 +166,7 @@ def _barrier_runs(buffer: Any, device: torch.device) -> list[dict[str, Any]]:
         if ctx.rank == ctx.world_size - 1:
             time.sleep(BARRIER_LATE_S)
         kv.add(key, 1)
-        buffer.barrier(**kwargs)
+        buffer.barrier(**adapter.call_kwargs("barrier", kwargs))  # the keywords of the backend's DeepEP version
         if device.type == "cuda":
             torch.cuda.synchronize()
         out.append({"kwargs": kwargs, "entered": int(kv.add(key, 0))})
@@ -215,7 +215,7 @@ def event_results(env: RankEnv) -> dict[str, dict[str, Any]]:
         if adapter.api == "v2" and built_in:
             result["refusal"] = _v2_refusal(adapter, inputs, example)
             result["after_refusal"] = adapter.dispatch(inputs, example, DispatchOptions(), rank)[0]
-            result["barrier"] = _barrier_runs(adapter.buffer(example), device)
+            result["barrier"] = _barrier_runs(adapter, adapter.buffer(example), device)
         return result
 
     def combines(adapter: Any) -> dict[str, Any]:

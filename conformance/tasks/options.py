@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import NotSupported
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, bias_argument, build_biases, second_payload
 from conformance.core.views import DispatchOptions, DispatchView, Raised, v2_layout
@@ -56,9 +57,11 @@ def _handle_copy_run(env: RankEnv, adapter: Any, do_handle_copy: bool, stats: to
 @rank_task
 def dispatch_option_runs(env: RankEnv) -> dict[str, Any]:
     """Per V2 backend with ``dispatch_options``: ``copy`` / ``no_copy`` (:class:`HandleCopyRun` with
-    ``do_handle_copy`` True / False), ``zero_padding`` (the view of an expand-mode dispatch with
-    ``do_zero_padding=True``), with ``worst_case`` also ``zero_padding_no_sync`` (the same with ``do_cpu_sync=False``),
-    and ``stats``: ``cumulative_local_expert_recv_stats`` after each of those dispatches (one tensor passed to all)."""
+    ``do_handle_copy`` True / False; a run the backend refuses as :class:`NotSupported` before calling, e.g. DeepEP
+    2.5.0's ``do_handle_copy=True``, is the reason instead), ``zero_padding`` (the view of an expand-mode dispatch
+    with ``do_zero_padding=True``), with ``worst_case`` also ``zero_padding_no_sync`` (the same with
+    ``do_cpu_sync=False``), and ``stats``: ``cumulative_local_expert_recv_stats`` after each of the dispatches made
+    (one tensor passed to all)."""
     assert env.example is not None
     example = env.example
 
@@ -67,7 +70,13 @@ def dispatch_option_runs(env: RankEnv) -> dict[str, Any]:
         after: list[torch.Tensor] = []
         out: dict[str, Any] = {}
         for key, flag in (("copy", True), ("no_copy", False)):
-            out[key] = _handle_copy_run(env, adapter, flag, stats)
+            before = stats.clone()
+            try:
+                out[key] = _handle_copy_run(env, adapter, flag, stats)
+            except NotSupported as refused:  # the backend does not take this value: that run is not checked
+                out[key] = str(refused)
+                stats.copy_(before)  # (a call it made before refusing counts for no run)
+                continue
             after.append(stats.cpu().clone())
         variants = [("zero_padding", DispatchOptions(do_expand=True, do_zero_padding=True))]
         if adapter.spec.has("worst_case"):

@@ -60,8 +60,8 @@ def _direct_buffer(spec: BackendSpec) -> Any:
         adapter = get_adapter(spec)
         arguments = {"num_max_tokens_per_rank": 16, "hidden": 256, "num_topk": 1, "allow_hybrid_mode": False,
                      "num_allocated_qps": 0, "explicitly_destroy": True}
-        refuse_if_limited(spec.real, "ElasticBuffer.__init__", arguments)
-        buffer = adapter.module.ElasticBuffer(context().group, **arguments)
+        refuse_if_limited(spec.real, f"{adapter.class_name}.__init__", arguments)
+        buffer = adapter.new_buffer(context().group, **arguments)
         on_shutdown(buffer.destroy)
         return buffer
     return cached(("p11-direct-buffer", spec), build)
@@ -92,7 +92,9 @@ def _explicit_buffer(adapter: Any, case: QpCase) -> tuple[Any, int]:
     """``ElasticBuffer(num_bytes=hint + extra + cpu, num_cpu_bytes=cpu, num_allocated_qps=...)`` for the example's
     shape, and the ``num_bytes`` it was asked for (the caller destroys it)."""
     arguments = _explicit_arguments(adapter, case)
-    return adapter.module.ElasticBuffer(context().group, **arguments), arguments["num_bytes"]
+    refuse_if_limited(adapter.spec.real, f"{adapter.class_name}.__init__", arguments)
+    # the version's keywords (DeepEP 2.5.0 has no num_cpu_bytes: only 0 is passed there)
+    return adapter.new_buffer(context().group, **arguments), arguments["num_bytes"]
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
@@ -127,7 +129,7 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     """One V2 backend's part of :func:`qp_results`.  Its explicit buffer is not built where a set-up limit names it
     (``core/setup_limits.py``: ``num_cpu_bytes > 0`` with ranks sharing one GPU): the example is then ``unsupported``
     for the backend, with the limit's evidence."""
-    refuse_if_limited(adapter.spec.real, "ElasticBuffer.__init__", _explicit_arguments(adapter, case))
+    refuse_if_limited(adapter.spec.real, f"{adapter.class_name}.__init__", _explicit_arguments(adapter, case))
     ctx, device, inputs = env.ctx, env.device, env.inputs
     example = case.example
     buffer = adapter.buffer(example)
@@ -189,8 +191,8 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     arguments = {"num_max_tokens_per_rank": example.num_max_tokens_per_rank, "hidden": example.hidden,
                  "num_topk": example.num_topk, "num_allocated_qps": 0, "explicitly_destroy": True,
                  "num_cpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S, "num_gpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S}
-    refuse_if_limited(adapter.spec.real, "ElasticBuffer.__init__", arguments)
-    impatient = adapter.module.ElasticBuffer(ctx.group, **arguments)
+    refuse_if_limited(adapter.spec.real, f"{adapter.class_name}.__init__", arguments)
+    impatient = adapter.new_buffer(ctx.group, **arguments)
     try:
         got["too_many_tokens"], _ = _call(impatient.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
                                                                      "topk_weights": big.topk_weights})

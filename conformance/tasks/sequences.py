@@ -100,13 +100,13 @@ def _build(state: BackendState, case: SequenceCase, num_nodes: int, group: Any) 
         arguments: dict[str, Any] = {"num_nvl_bytes": NUM_NVL_BYTES,
                                      "num_rdma_bytes": NUM_RDMA_BYTES if num_nodes > 1 else 0,
                                      "explicitly_destroy": True}
-    else:
-        arguments = {"num_max_tokens_per_rank": case.num_max_tokens_per_rank, "hidden": case.hidden,
-                     "num_topk": case.num_topk, "deterministic": False, "num_allocated_qps": 0,
-                     "explicitly_destroy": True}
-    name = state.spec.class_name
-    refuse_if_limited(state.spec.real, f"{name}.__init__", arguments)
-    return getattr(state.module, name)(group, **arguments)
+        refuse_if_limited(state.spec.real, "Buffer.__init__", arguments)
+        return state.module.Buffer(group, **arguments)
+    adapter = get_adapter(state.spec)
+    arguments = {"num_max_tokens_per_rank": case.num_max_tokens_per_rank, "hidden": case.hidden,
+                 "num_topk": case.num_topk, "deterministic": False, "num_allocated_qps": 0, "explicitly_destroy": True}
+    refuse_if_limited(state.spec.real, f"{adapter.class_name}.__init__", arguments)
+    return adapter.new_buffer(group, **arguments)  # the version's V2 class (ElasticBuffer, EPBuffer)
 
 
 def _previous(state: BackendState, after: int) -> Any:

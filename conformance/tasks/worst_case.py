@@ -1,6 +1,6 @@
 """Rank task of P26: V2 dispatches without a CPU sync, their outputs read whole, after the caching allocator was
 filled with the uninitialised-memory byte (on a GPU: a freed block of 0x7F bytes the outputs are then carved from;
-the emulation hands out such bytes itself, ``conformance.emulation._uninit``)."""
+the emulation hands out such bytes itself: ``conformance.versions.POISON_BYTE``)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from conformance.core.views import DispatchOptions
-from conformance.emulation._uninit import POISON_BYTE
 from conformance.tasks.dispatch import dispatch_view
 from conformance.tasks.env import RankEnv, rank_task
+from conformance.versions import POISON_BYTE
 
 #: The worst-case variants, by name: their options, and the capabilities a backend needs besides ``worst_case``.
 VARIANTS: dict[str, tuple[DispatchOptions, tuple[str, ...]]] = {

@@ -1,4 +1,4 @@
-"""Diagnostic: make every P12 row's bad call and valid neighbour (conformance/emulation/refusals.toml) on the
+"""Diagnostic: make every P12 row's bad call and valid neighbour (conformance/versions/<version>/refusals.toml) on the
 selected backends, and list every row whose result differs from the table, all at once (P12 itself stops at the
 first failing case).  Used to check the table against the real library.
 

@@ -1,4 +1,4 @@
-"""Bad calls: for every live row of the refusal table (``conformance/emulation/refusals.toml``) a *recipe* that
+"""Bad calls: for every live row of the refusal table (``conformance/versions/<version>/refusals.toml``) a *recipe* that
 makes exactly the offending call, and its *neighbour*, the closest valid call (named ``<row id>`` and
 ``<row id>.ok`` in :data:`RECIPES`).
 
@@ -34,7 +34,7 @@ exactly one recipe.
 
 from __future__ import annotations
 
-from conformance.tasks.refusals import combine, dispatch, elastic, init, low_latency  # noqa: F401 (registration)
+from conformance.tasks.refusals import combine, dispatch, elastic, ep, init, low_latency  # noqa: F401 (registration)
 from conformance.tasks.refusals.edits import register as _register_edits
 from conformance.tasks.refusals.env import BadCallEnv, LLCall, SharedBuffers, V1Call, V2Call, make_env
 from conformance.tasks.refusals.helpers import LLShape

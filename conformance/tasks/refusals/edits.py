@@ -294,7 +294,8 @@ class _Names:
             "hidden": ex.hidden,
             "num_max_tokens_per_rank": ex.num_max_tokens_per_rank,
             "num_max_dispatch_tokens_per_rank": env.ll_shape().num_max_tokens,  # the low-latency calls' bound
-            "num_sms": env.module.Buffer.num_sms,  # the legacy Buffer's SM count
+            # the legacy Buffer's SM count (a version without the legacy Buffer, DeepEP 2.5.0, has none)
+            "num_sms": getattr(getattr(env.module, "Buffer", None), "num_sms", None),
             "ll_hidden": LL_HIDDEN,
             "ll_max_topk": LL_MAX_TOPK,
             "buffer": self.call.buffer,  # the buffer the call is made on

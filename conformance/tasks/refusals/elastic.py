@@ -84,7 +84,7 @@ def _(env: BadCallEnv, bad: bool) -> None:
     """A per-call num_max_tokens_per_rank one token above what the buffer holds; neighbour: the most it holds."""
     call = env.v2_args()
     ex = env.example
-    per_token = v2_direct_dispatch_bytes(env.world_size, 1, ex.hidden, ex.num_topk)
+    per_token = v2_direct_dispatch_bytes(env.world_size, 1, ex.hidden, ex.num_topk, env.token_rdma_align)
     fits = call.buffer.num_bytes // per_token
     call.kwargs["num_max_tokens_per_rank"] = fits + (1 if bad else 0)
     call.buffer.dispatch(**call.kwargs)
@@ -190,7 +190,7 @@ def _(env: BadCallEnv, bad: bool) -> None:
     combine layout holds (neighbour: exactly what it holds)."""
     ex = env.example
     small = env.v2_buffer()
-    per_token = v2_direct_combine_bytes(env.world_size, 1, ex.hidden, ex.num_topk)
+    per_token = v2_direct_combine_bytes(env.world_size, 1, ex.hidden, ex.num_topk, env.token_rdma_align)
     n = small.num_bytes // per_token + (1 if bad else 0)
     done = env.valid_v2_dispatch(env.v2_buffer(num_max_tokens_per_rank=n), num_max_tokens_per_rank=n)
     small.combine(done.recv_x, done.handle, topk_weights=done.recv_topk_weights)

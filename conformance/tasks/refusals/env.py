@@ -113,6 +113,21 @@ class SharedBuffers:
                 buffer.destroy()
 
 
+def contract_of(module: Any) -> Any:
+    """The contract of ``module``'s DeepEP version (``conformance.versions``), by its ``__version__`` and the classes
+    it exports."""
+    from conformance import versions
+
+    exports = [name for name in ("ElasticBuffer", "EPBuffer") if hasattr(module, name)]
+    return versions.contract_for(getattr(module, "__version__", None), exports)[0]
+
+
+def v2_class(module: Any) -> Any:
+    """``module``'s V2 buffer class: the one its DeepEP version's contract names (``ElasticBuffer`` in 2.1.0,
+    ``EPBuffer`` in 2.5.0)."""
+    return getattr(module, contract_of(module).class_name("v2") or "ElasticBuffer")
+
+
 @dataclass
 class BadCallEnv:
     """What a recipe needs: the module under test, the world, and this rank's inputs of the example."""
@@ -130,6 +145,11 @@ class BadCallEnv:
     #: (``core/setup_limits.py``; a limited one raises ``SetupLimited`` instead of being made)
     real: bool = False
     _buffers: list[Any] = field(default_factory=list, repr=False)
+
+    @property
+    def token_rdma_align(self) -> int:
+        """The alignment of a V2 token layout's data in the module's version (1: none in 2.1.0; 64 in 2.5.0)."""
+        return int(contract_of(self.module).rule("token_rdma_align", 1))
 
     # buffers, built the way the suite's adapters build them (conformance/backends/legacy.py, elastic.py)
     def v1_buffer(self, **overrides: Any) -> Any:
@@ -161,8 +181,9 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
-        refuse_if_limited(self.real, "ElasticBuffer.__init__", kwargs)
-        buffer = self.module.ElasticBuffer(group, **kwargs)
+        cls = v2_class(self.module)
+        refuse_if_limited(self.real, f"{cls.__name__}.__init__", kwargs)
+        buffer = cls(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
 

@@ -220,17 +220,19 @@ def ll_size_hint(shape: LLShape) -> int:
     return (ll_layout_bytes(shape) // V1_ALIGNMENT + 1) * V1_ALIGNMENT
 
 
-def v2_token_bytes(hidden_bytes: int, sf_bytes: int, num_topk: int, with_metadata: bool) -> int:
-    """``layout::TokenLayout::get_num_bytes<false>()`` (deep_ep/include/deep_ep/common/layout.cuh:202)."""
+def v2_token_bytes(hidden_bytes: int, sf_bytes: int, num_topk: int, with_metadata: bool, rdma_align: int = 1) -> int:
+    """``layout::TokenLayout::get_num_bytes<false>()`` (deep_ep/include/deep_ep/common/layout.cuh:202); DeepEP 2.5.0
+    aligns the sum to ``kNumRDMAAlignmentBytes`` (``rdma_align`` 64: deep_ep/include/deep_ep/layout/ep/token.cuh:34-37,
+    the version's ``token_rdma_align`` rule)."""
     metadata = num_topk * 8 + ((1 + num_topk) * 4 if with_metadata else 0)
-    return align(hidden_bytes, TMA_ALIGN) + align(sf_bytes, TMA_ALIGN) + align(metadata, TMA_ALIGN)
+    return align(align(hidden_bytes, TMA_ALIGN) + align(sf_bytes, TMA_ALIGN) + align(metadata, TMA_ALIGN), rdma_align)
 
 
-def v2_direct_dispatch_bytes(num_ranks: int, n: int, hidden: int, num_topk: int) -> int:
+def v2_direct_dispatch_bytes(num_ranks: int, n: int, hidden: int, num_topk: int, rdma_align: int = 1) -> int:
     """Single-node (NVLink scale-up) direct dispatch buffer bytes (csrc/elastic/buffer.hpp:594-600), bf16."""
-    return v2_token_bytes(hidden * 2, 0, num_topk, True) * num_ranks * n
+    return v2_token_bytes(hidden * 2, 0, num_topk, True, rdma_align) * num_ranks * n
 
 
-def v2_direct_combine_bytes(num_ranks: int, n: int, hidden: int, num_topk: int) -> int:
+def v2_direct_combine_bytes(num_ranks: int, n: int, hidden: int, num_topk: int, rdma_align: int = 1) -> int:
     """Single-node direct combine buffer bytes (csrc/elastic/buffer.hpp:623-633), multiple reduction."""
-    return v2_token_bytes(hidden * 2, 0, num_topk, False) * min(num_ranks, num_topk) * n
+    return v2_token_bytes(hidden * 2, 0, num_topk, False, rdma_align) * min(num_ranks, num_topk) * n

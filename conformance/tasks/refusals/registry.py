@@ -8,28 +8,28 @@ or, for a stateful recipe, a function registered with :func:`recipe`.  Where a r
   topology        the worlds it applies to (:data:`TOPOLOGIES`; absent: ``any``)
   requires        a name of :data:`REQUIRES`, what every example it is made with must have (absent: any example)
 
-The table is read here from its file, not through ``conformance.emulation``: the recipes never import the
-emulation (they are made against the real library as well).
+The tables are read through :mod:`conformance.versions` (every version's: a row id names one refusal and one recipe
+in each version that has it), never through ``conformance.emulation``: the recipes never import the emulation (they
+are made against the real library as well).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import tomllib
 import torch
 
+from conformance import versions
 from conformance.core.cases import LIVE_STATUSES
 from conformance.core.example import Example, build_all_inputs
 
 if TYPE_CHECKING:
     from conformance.tasks.refusals.env import BadCallEnv
 
-#: The refusal table (``conformance/emulation/refusals.toml``), read as a file.
-TABLE_PATH = Path(__file__).resolve().parents[2] / "emulation" / "refusals.toml"
+#: The recipe columns of a row: a row id that more than one version's table has carries the same ones in each.
+RECIPE_COLUMNS = ("topology", "requires", "self_test_only", "valid_call", "given", "edit")
 
 #: Worlds a recipe applies to: ``any``; ``v1-intranode`` (one node of 2, 4 or 8 ranks: the legacy intranode
 #: kernels); ``v1-internode`` (several nodes: the legacy internode path); ``single`` (one node);
@@ -58,6 +58,7 @@ REQUIRES: dict[str, Callable[[Example], bool]] = {
     "ranks_not_multiple_of_4": lambda ex: ex.world_size % 4 != 0,
     "two_local_experts": lambda ex: ex.num_experts // ex.world_size >= 2,
     "at_most_7_ranks": lambda ex: ex.world_size <= 7,
+    "at_most_3_ranks": lambda ex: ex.world_size <= 3,  # 513 experts per rank within 2048 (DeepEP 2.5.0's limits)
 }
 
 #: name -> callable (offending calls under the row id, neighbours under ``<row id>.ok``).
@@ -66,10 +67,14 @@ RECIPES: dict[str, Callable[[BadCallEnv], Any]] = {}
 
 @functools.cache
 def rows() -> dict[str, dict[str, Any]]:
-    """The live rows of the refusal table, by id."""
-    with open(TABLE_PATH, "rb") as f:
-        table = tomllib.load(f)
-    return {row["id"]: row for row in table["refusal"] if row["status"] in LIVE_STATUSES}
+    """The live rows of every version's refusal table, by id (the oldest version's row where several have it:
+    their recipe columns are the same, ``tests/test_refusals.py`` checks it)."""
+    out: dict[str, dict[str, Any]] = {}
+    for version in versions.known_versions():
+        for row_id, row in versions.contract(version).refusals.rows.items():
+            if row["status"] in LIVE_STATUSES:
+                out.setdefault(row_id, dict(row))
+    return out
 
 
 def recipe(row_id: str) -> Callable:
