@@ -125,7 +125,8 @@ def test_p11_does_not_build_a_cpu_bytes_buffer_on_the_real_library_with_ranks_sh
     case = find(qp_cases(2), lambda c: c.num_cpu_bytes > 0, settings=settings(FIND_SETTINGS, database=None))
 
     def adapter(real: bool) -> SimpleNamespace:  # what the guard reads: the spec and the size hint (then: no env)
-        return SimpleNamespace(spec=SimpleNamespace(real=real), size_hint=lambda example: 2 << 20)
+        return SimpleNamespace(spec=SimpleNamespace(real=real), class_name="ElasticBuffer",
+                               size_hint=lambda example: 2 << 20)
 
     monkeypatch.setenv("CONFORMANCE_RANK_SETUP", "shared")
     with pytest.raises(SetupLimited, match="never returns") as refused:

@@ -122,10 +122,15 @@ def contract_of(module: Any) -> Any:
     return versions.contract_for(getattr(module, "__version__", None), exports)[0]
 
 
-def v2_class(module: Any) -> Any:
-    """``module``'s V2 buffer class: the one its DeepEP version's contract names (``ElasticBuffer`` in 2.1.0,
+def v2_class_name(module: Any) -> str:
+    """The name of ``module``'s V2 buffer class in its DeepEP version's contract (``ElasticBuffer`` in 2.1.0,
     ``EPBuffer`` in 2.5.0)."""
-    return getattr(module, contract_of(module).class_name("v2") or "ElasticBuffer")
+    return contract_of(module).class_name("v2") or "ElasticBuffer"
+
+
+def v2_class(module: Any) -> Any:
+    """``module``'s V2 buffer class (:func:`v2_class_name`)."""
+    return getattr(module, v2_class_name(module))
 
 
 @dataclass
@@ -181,9 +186,9 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
-        cls = v2_class(self.module)
-        refuse_if_limited(self.real, f"{cls.__name__}.__init__", kwargs)
-        buffer = cls(group, **kwargs)
+        name = v2_class_name(self.module)  # the API's name (a class backend's class has its own __name__)
+        refuse_if_limited(self.real, f"{name}.__init__", kwargs)
+        buffer = getattr(self.module, name)(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
 
