@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conformance.reporting.schema import SCHEMA
 from tests.conftest import PLANTED_RUN, run_suite
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
@@ -30,7 +31,7 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     baseline = tmp_path / "baseline" / "deep_ep-old.json"
     proc, report = run_suite([*PROPERTIES, *COMMON, f"--write-baseline={baseline}", "--allow-partial"], tmp_path / "r0")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert json.loads(baseline.read_text())["schema"] == 3 and f"baseline written: {baseline}" in proc.stdout
+    assert json.loads(baseline.read_text())["schema"] == SCHEMA and f"baseline written: {baseline}" in proc.stdout
     known = {k["id"]: k for k in report["known_defects"]["entries"]}
     assert known[KNOWN]["status"] == "known-defect", known[KNOWN]
     p12 = next(p for p in report["properties"] if p["id"] == "P12-bad-input")
