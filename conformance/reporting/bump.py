@@ -142,16 +142,37 @@ def migration_row(change: Any, collapsed: dict[str, Any]) -> dict[str, Any]:
 
 
 def _migration(c: Comparison) -> list[dict[str, Any]]:
-    rows = []
+    """The migration table: one row per change, the parameters one removal moved grouped per method (a removed
+    positional parameter moves every one after it: pass them by keyword)."""
+    rows: list[dict[str, Any]] = []
     classes = {ch.where for ch in c.api if ch.kind in ("removed-class", "renamed-class")}
+    moved: dict[str, dict[str, Any]] = {}
     for change in sorted(c.api, key=lambda ch: (KIND_ORDER.index(ch.kind) if ch.kind in KIND_ORDER else 99,
                                                 ch.where)):
         if change.kind == "probe-changed" and change.where.removeprefix("import ") in classes:
             continue  # the class' own row says it
-        row = migration_row(change, c.collapsed)
         finding = c.findings.get(change.id)
+        if change.kind == "moved-param":
+            method, param = _param(change.where)
+            if method in moved:
+                group = moved[method]
+                group["params"].append(param)
+                group["ids"].append(change.id)
+                group["now"] = f"{len(group['params'])} parameters moved"
+                group["action"] = (f"pass {', '.join(f'`{q}`' for q in group['params'])} to `{method}` by keyword")
+                group["accepted"] = group["accepted"] if finding and finding.accepted else None
+                continue
+            row = migration_row(change, c.collapsed)
+            row.update(params=[param], ids=[change.id], where=f"{method}(...)", now="1 parameter moved")
+            moved[method] = row
+        else:
+            row = migration_row(change, c.collapsed)
+            row["ids"] = [change.id]
         row["accepted"] = finding.accepted if finding else None
         rows.append(row)
+    for row in moved.values():
+        if len(row["ids"]) > 1:
+            row["id"] = f"{row['ids'][0].split('(')[0]}(...)"
     return rows
 
 
@@ -266,6 +287,8 @@ def markdown(bump: dict[str, Any]) -> str:
         if extra:
             lines += ["", "New (nothing to do): " + "; ".join(f"`{r['where']}` ({r['detail']})" for r in extra) + "."]
     findings = [f for f in bump["findings"] if f["fails"]]
+    api_ids = {i for r in api["migration"] for i in r.get("ids", [r["id"]])}
+    api_failing = [f for f in findings if f["id"] in api_ids]
     lines += ["", "## What fails the gate", ""]
     if not bump["regressions"]:
         lines.append("Nothing: no behaviour of the baseline is lost or changed"
@@ -273,7 +296,12 @@ def markdown(bump: dict[str, Any]) -> str:
     else:
         if findings:
             lines += ["| finding | kind | what |", "|---|---|---|"]
-            lines += [f"| `{f['id']}` | {f['kind']} | {_cell(f['summary'][:400])} |" for f in findings]
+            lines += [f"| `{f['id']}` | {f['kind']} | {_cell(f['summary'][:400])} |" for f in findings
+                      if f["id"] not in api_ids or f["kind"] == "api-removed"]
+            rest = [f for f in api_failing if f["kind"] != "api-removed"]
+            if rest:
+                lines.append(f"| `api:...` | api | {len(rest)} breaking API change(s): the migration table above, "
+                             f"one finding id per row (per parameter where rows group several) |")
         lines += ["", "In full:", ""] + [f"- {r}" for r in bump["regressions"]]
     if bump["accepted"]:
         lines += ["", f"### Accepted ({bump['accept_file']})", ""]
@@ -328,23 +356,33 @@ def terminal_lines(bump: dict[str, Any], path: str | None = None) -> list[tuple[
                           f"{r['now'].strip('`')}"}.get(r["kind"], f"{r['where']}: {r['now']}"))
         lines.append(("  API: " + "; ".join(shown) + (f"; and {len(breaking) - 6} more" if len(breaking) > 6 else ""),
                       {}))
-    collapsed = [r for r in bump["backends"] if r["finding"]]
-    for r in collapsed:
-        lines.append((f"  {r['baseline']}: {r['status']}", {}))
+    wrappers = {w["name"]: w for w in bump["wrappers"] if w["finding"]}
+    for r in bump["backends"]:
+        if r["finding"] or r["baseline"] in wrappers:
+            w = wrappers.get(r["baseline"])
+            lines.append((f"  {r['baseline']}: " + (f"{w['change']}{Comparison._checks_text(w['before'], w['after'])}"
+                                                   if w else r["status"])
+                          + (f" [{r['finding'] or w['finding']}]" if r["finding"] or w else ""),
+                          {"red": any(f["id"] == (r["finding"] or (w or {}).get("finding")) and f["fails"]
+                                      for f in bump["findings"])}))
     counts = bump["transition_counts"]
     if counts:
         lines.append(("  per property and backend: " + ", ".join(f"{n} {k}" for k, n in
                                                                  sorted(counts.items(), key=lambda kv: -kv[1])), {}))
-    for w in bump["wrappers"]:
-        if w["finding"]:
-            lines.append((f"  {w['name']}: {w['change']}{Comparison._checks_text(w['before'], w['after'])}", {}))
-    for f in [f for f in bump["findings"] if f["fails"]][:8]:
+    api_ids = {i for r in bump["api"]["migration"] for i in r.get("ids", [r["id"]])}
+    shown = {r["finding"] for r in bump["backends"] if r["finding"]} | {w["finding"] for w in wrappers.values()}
+    failing = [f for f in bump["findings"] if f["fails"]]
+    api_failing = [f for f in failing if f["id"] in api_ids and f["id"] not in shown]
+    listed = [f for f in failing if f not in api_failing and f["id"] not in shown]
+    for f in listed[:8]:
         lines.append((f"  finding {f['id']}: {f['summary'][:160]}", {"red": True}))
-    extra = len([f for f in bump["findings"] if f["fails"]]) - 8
-    if extra > 0:
-        lines.append((f"  ... and {extra} more finding(s)", {"red": True}))
+    if len(listed) > 8:
+        lines.append((f"  ... and {len(listed) - 8} more finding(s)", {"red": True}))
+    if api_failing:
+        lines.append((f"  findings api:...: {len(api_failing)} breaking API change(s) (the migration table)",
+                      {"red": True}))
     if bump["accepted"]:
-        lines.append((f"  accepted ({bump['accept_file']}): " + ", ".join(a["id"] for a in bump["accepted"]), {}))
+        lines.append((f"  accepted ({bump['accept_file']}): {len(bump['accepted'])} finding(s)", {}))
     if path:
         lines.append((f"  the bump explained: {path}", {}))
     return lines

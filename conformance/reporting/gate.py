@@ -432,17 +432,20 @@ class Comparison:
         return state
 
     @staticmethod
-    def _checks_text(was: dict[str, Any], now: dict[str, Any]) -> str:
-        names = [*(now.get("checked") or {}), *[k for k in (was.get("checked") or {}) if k not in
-                                                 (now.get("checked") or {})]]
+    def _checks_text(was: dict[str, Any] | None, now: dict[str, Any] | None) -> str:
+        """``; the wrapper checked HAVE_DEEP_EP_V2 True -> False, ...``: its own flags, before -> now."""
+        old_checked, new_checked = (was or {}).get("checked") or {}, (now or {}).get("checked") or {}
+        names = [*new_checked, *[k for k in old_checked if k not in new_checked]]
         if not names:
             return ""
         parts = []
         for key in names:
-            before = (was.get("checked") or {}).get(key, "not recorded")
-            after = (now.get("checked") or {}).get(key, "not recorded")
-            parts.append(f"{key} {before} -> {after}" if before != after else f"{key} {after}")
-        return "; the wrapper checked " + ", ".join(parts)
+            if key in old_checked and key in new_checked and old_checked[key] != new_checked[key]:
+                parts.append(f"{key} {old_checked[key]} -> {new_checked[key]}")
+            else:
+                parts.append(f"{key} {new_checked.get(key, old_checked.get(key))}")
+        return ("; the wrapper checked " + ", ".join(parts)
+                + (" (the baseline predates wrapper checks)" if new_checked and not old_checked else ""))
 
     def _wrapper_paragraph(self, name: str, was: dict[str, Any], now: dict[str, Any]) -> str:
         held = len(self._held(self.old, name))
@@ -641,7 +644,7 @@ class Comparison:
         elif before == "unsupported" and after != "unsupported":
             change = f"gained ({after})"
         elif before == after:
-            change = "unchanged"
+            change = f"still {after}"
         else:
             change = f"{before} -> {after}"
         self.transitions.append({"property": pid, "backend": column, "baseline_backend": old_column,
@@ -658,7 +661,7 @@ class Comparison:
     def _compare_divergences(self, pid: str, old: dict[str, Any], new: dict[str, Any]) -> None:
         old_div, _ = _legacy_defects(old)
         old_div = {self._normalise(k): v for k, v in old_div.items()}
-        new_div = new.get("divergences", {})
+        new_div = {self._normalise(k): v for k, v in new.get("divergences", {}).items()}
         owners: dict[str, list[str]] = {}
         for column, v in columns(old).items():
             for key in v.get("divergences") or []:
@@ -724,8 +727,10 @@ class Comparison:
                 row["change"] = f"not listed for {self.new_name} ({new_file or 'no known-defects file'}): not checked"
             elif old_status == "known-defect":
                 row["change"] = f"not reached now ({new_status}: no claim)"
+            elif new_status == "fixed" and old_status == "fixed":
+                row["change"] = f"fixed in both runs: remove the entry from {new_file}"
             elif new_status == "fixed":
-                row["change"] = "fixed (was not reached in the baseline)"
+                row["change"] = f"fixed (was {old_status or 'not listed'} in the baseline)"
             else:
                 continue  # neither run saw it fail
             self.defects.append(row)
