@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conformance.reporting.accept import load_acceptance
+from conformance.reporting.bump import explain
 from conformance.reporting.schema import SCHEMA
 from tests.conftest import PLANTED_RUN, run_suite
 
@@ -61,6 +63,28 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     assert len(surface) == 1 and "ElasticBuffer: renamed to 'EPBuffer' (same methods)" in surface[0], \
         report["gate"]["regressions"]
     assert "import ElasticBuffer: True -> False" in surface[0]
+    # The bump explained: emulated-v2 (its construction now fails on the old name) is one finding, not one per
+    # property; P14's own failure is the API change, said once; bump.md beside the report; the terminal opens with it.
+    bump = report["gate"]["bump"]
+    failing = {f["id"] for f in bump["findings"] if f["fails"]}
+    assert failing == {"api:ElasticBuffer", "backend:emulated-v2"}, sorted(failing)
+    (backend,) = [r for r in report["gate"]["regressions"] if r.startswith("emulated-v2 held on")]
+    assert "no attribute 'ElasticBuffer'" in backend and "renamed to EPBuffer (finding api:ElasticBuffer)" in backend
+    assert [r["where"] for r in bump["api"]["migration"]] == ["ElasticBuffer"]
+    text = (tmp_path / "r3" / "bump.md").read_text()
+    assert text.startswith("# DeepEP bump: 2.1.0+emulation -> 2.1.0+emulation (planted: mutant "
+                           "renamed-elastic-buffer)") and "| `ElasticBuffer` | `EPBuffer` |" in text
+    summary = renamed.stdout[renamed.stdout.index("DeepEP conformance summary"):]
+    assert summary.splitlines()[1].startswith("DeepEP bump 2.1.0+emulation -> 2.1.0+emulation: the bump 2.1.0 -> "
+                                              "2.1.0 FAILS the gate"), summary[:2000]
+    # ... and accepted: the same two reports pass the gate with both findings listed (and a stale entry reported)
+    accept = tmp_path / "accept.toml"
+    accept.write_text('[[accept]]\nfinding = "api:ElasticBuffer"\nwhy = "renamed upstream"\n\n[[accept]]\n'
+                      'finding = "backend:emulated-v2"\nwhy = "our adapter moves to EPBuffer"\n\n[[accept]]\n'
+                      'finding = "defect:*"\nwhy = "none expected"\n')
+    accepted = explain(json.loads(baseline.read_text()), report, load_acceptance(str(accept)))
+    assert accepted["regressions"] == [] and len(accepted["accepted"]) == 2, accepted["regressions"]
+    assert [e["finding"] for e in accepted["stale_acceptances"]] == ["defect:*"]
 
 
 def test_the_gate_reports_a_fixed_known_defect_without_failing(tmp_path: Path) -> None:
