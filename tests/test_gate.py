@@ -174,3 +174,20 @@ def test_a_backend_checked_on_nothing_now_is_one_finding() -> None:
     (paragraph,) = compare(old, new)["regressions"]
     assert paragraph.startswith("real-v2 held on 3 properties in the baseline (deep_ep 2.1.0) and is checked on none "
                                 "now: broken on buffer construction") and "no attribute 'ElasticBuffer'" in paragraph
+
+
+def test_a_backend_whose_version_removed_its_api_is_api_removed_without_surfaces() -> None:
+    """The run says a backend's API is gone from its version (``removed``, issue 36's contracts: ``real-v1`` on
+    DeepEP 2.5.0) and neither report has P14's surfaces: still one 'API removed' finding, ``api:Buffer``."""
+    old = _report(_entry("P1"), _entry("P5"))
+    old["environment"]["backends"] = [{"name": "real-v1", "api": "Buffer", "real": True},
+                                      {"name": "real-v2", "api": "ElasticBuffer", "real": True}]
+    gone = {**_column("unsupported", 0), "reason": "DeepEP 2.5.0 removed the legacy Buffer"}
+    new = _report(*[_entry(pid, verdicts={"real-v1": gone, "real-v2": _column("passed")}) for pid in ("P1", "P5")])
+    new["environment"] = {"deep_ep": "2.5.0", "backends": [
+        {"name": "real-v1", "api": "Buffer", "real": True, "removed": "DeepEP 2.5.0 removed the legacy Buffer"},
+        {"name": "real-v2", "api": "EPBuffer", "real": True}]}
+    (paragraph,) = compare(old, new)["regressions"]
+    assert paragraph.startswith("real-v1 (deep_ep.Buffer, the V1 contract): API removed in deep_ep 2.5.0. The 2 "
+                                "properties that held on it in the baseline (P1, P5) cannot run now")
+    assert "(DeepEP 2.5.0 removed the legacy Buffer)" in paragraph

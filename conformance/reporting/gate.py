@@ -27,6 +27,7 @@ and fails nothing.  Reports of schema 2 and 3 are read (:mod:`conformance.report
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -80,7 +81,7 @@ def versions_of(document: dict[str, Any]) -> dict[str, str | None]:
     probes = env.get("probes") or {}
     out = {}
     for b in env.get("backends", []):
-        seen = (b.get("deep_ep_seen") or {}).get("version")
+        seen = (b.get("deep_ep_seen") or {}).get("version") or b.get("deep_ep_version")
         if seen is None:
             probe = probes.get("deep_ep" if b.get("real") else "conformance.emulation") or {}
             seen = probe.get("version") or (env.get("deep_ep") if b.get("real") else None)
@@ -218,8 +219,14 @@ class ApiChange:
     modules: list[str] = field(default_factory=list)
 
 
+def _library(module: str) -> str:
+    """A surface's module without the emulation's version (``conformance.emulation.v2_5_0``: the emulation)."""
+    return re.sub(r"\.v\d+_\d+_\d+$", "", module)
+
+
 def _surface_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
-    old_surfaces, new_surfaces = surfaces(old), surfaces(new)
+    old_surfaces = {_library(m): s for m, s in surfaces(old).items()}
+    new_surfaces = {_library(m): s for m, s in surfaces(new).items()}
     pairs = [(m, old_surfaces[m], new_surfaces[m]) for m in sorted(set(old_surfaces) & set(new_surfaces))]
     if not pairs and len(old_surfaces) == 1 and len(new_surfaces) == 1:  # e.g. the emulation vs the real deep_ep
         (m_old, s_old), (m_new, s_new) = next(iter(old_surfaces.items())), next(iter(new_surfaces.items()))
@@ -475,14 +482,16 @@ class Comparison:
             if wrapper is not None and wrapper["finding"] and wrapper["change"] == "stopped using DeepEP":
                 self.collapsed[name] = self.findings[wrapper["finding"]]
                 continue
-            if "plugin" not in entry and api_class in self.removed:
+            removed_now = (self.news.get(new_name or "") or {}).get("removed")  # the run says its API is gone
+            if "plugin" not in entry and (api_class in self.removed or removed_now):
                 finding_id = _change_id(api_class)
                 version = self.new_name
+                why = removed_now or self._cause(new_name)
                 summary = (f"{name} (deep_ep.{api_class}, the {contract_of(entry)} contract): API removed in "
                            f"{version}. The {len(held)} properties that held on it in the baseline "
                            f"({', '.join(held)}) cannot run now: every {contract_of(entry)} property is unsupported "
-                           f"({self._cause(new_name)}). Integrators calling {api_class} must move to the other API "
-                           f"(see the migration table) or stay on {self.old_name}.")
+                           f"({why}). Integrators calling {api_class} must move to the other API (see the migration "
+                           f"table) or stay on {self.old_name}.")
             else:
                 finding_id = f"backend:{name}"
                 renamed = self.renamed.get(api_class or "")

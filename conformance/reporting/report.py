@@ -281,20 +281,27 @@ def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dic
 def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
     """One backend in the report's environment: its API, whether it is real, the module it drives; for a plug-in
     also where it comes from, what it declares and which deep_ep it sees."""
-    contract = "V1" if spec.api == "v1" else "V2"
     if spec.substitute:
         module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
-        return {"name": spec.name, "api": spec.class_name, "contract": contract, "real": spec.real, "module": module,
-                "class": spec.target, "description": spec.description, "deep_ep": spec.deep_ep}
+        return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "class": spec.target,
+                "description": spec.description, "deep_ep": spec.deep_ep}
     if not spec.plugin:
-        return {"name": spec.name, "api": spec.class_name, "contract": contract, "real": spec.real,
+        return {"name": spec.name, "api": spec.class_name, "real": spec.real,
                 "module": "deep_ep" if spec.real else "conformance.emulation"}
     module = {"real": "deep_ep", "emulation": "conformance.emulation (as deep_ep)", None: None}[spec.deep_ep]
-    return {"name": spec.name, "api": spec.class_name, "contract": contract, "real": spec.real, "module": module,
-            "plugin": spec.source, "description": spec.description, "capabilities": sorted(spec.capabilities),
-            "deep_ep": spec.deep_ep, "family": spec.family or spec.name,
-            # what the wrapper checked to decide whether it drives DeepEP (its declaration's wrapper_checks())
-            "wrapper": (config.plugin_probes.get(spec.target) or {}).get("wrapper")}
+    return {"name": spec.name, "api": spec.class_name, "real": spec.real, "module": module, "plugin": spec.source,
+            "description": spec.description, "capabilities": sorted(spec.capabilities), "deep_ep": spec.deep_ep,
+            "family": spec.family or spec.name}
+
+
+def with_role(entry: dict[str, Any], spec: Any, config: RunConfig) -> dict[str, Any]:
+    """A backend's entry with what the version gate matches and compares it by (schema 4): its ``contract`` (V1 /
+    V2, whatever its class is called in its version) and, for a plug-in, ``wrapper``: what the wrapper checked to
+    decide whether it drives DeepEP (its declaration's ``wrapper_checks()``, read by the plug-in probe)."""
+    entry["contract"] = "V1" if spec.api == "v1" else "V2"
+    if spec.plugin:
+        entry["wrapper"] = (config.plugin_probes.get(spec.target) or {}).get("wrapper")
+    return entry
 
 
 def _failure_message(report: Any) -> str:
@@ -322,7 +329,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "python": platform.python_version(),
         "platform": platform.platform(),
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
-        "backends": [backend_entry(b, config) for b in config.backends],
+        "backends": [with_role(backend_entry(b, config), b, config) for b in config.backends],
         "deep_ep_alias": config.deep_ep,
         "probes": probes,
         "nodes": config.shape.nodes,
@@ -576,7 +583,7 @@ def finish_run(
     if write_baseline:
         if document["complete"] or allow_partial:
             os.makedirs(os.path.dirname(os.path.abspath(write_baseline)), exist_ok=True)
-            stored = {k: v for k, v in document.items() if k not in ("gate", "gate_failed")}
+            stored = {k: v for k, v in document.items() if k not in ("gate", "gate_failed", "bump")}
             with open(write_baseline, "w") as f:
                 json.dump(stored, f, indent=2, default=str)
             document["baseline_written"] = write_baseline
