@@ -296,12 +296,14 @@ def markdown(bump: dict[str, Any]) -> str:
     else:
         if findings:
             lines += ["| finding | kind | what |", "|---|---|---|"]
+            grouped = {i: r for r in api["migration"] if len(r.get("ids", [])) > 1 for i in r["ids"]}
             lines += [f"| `{f['id']}` | {f['kind']} | {_cell(f['summary'][:400])} |" for f in findings
-                      if f["id"] not in api_ids or f["kind"] == "api-removed"]
-            rest = [f for f in api_failing if f["kind"] != "api-removed"]
-            if rest:
-                lines.append(f"| `api:...` | api | {len(rest)} breaking API change(s): the migration table above, "
-                             f"one finding id per row (per parameter where rows group several) |")
+                      if f["id"] not in grouped]
+            for row in {id(r): r for r in grouped.values()}.values():
+                ids = [f for f in api_failing if f["id"] in row["ids"]]
+                if ids:
+                    lines.append(f"| `{row['id']}` | api | {row['where']}: {row['now']} ({len(ids)} findings, one "
+                                 f"per parameter: `{ids[0]['id']}`, ...) |")
         lines += ["", "In full:", ""] + [f"- {r}" for r in bump["regressions"]]
     if bump["accepted"]:
         lines += ["", f"### Accepted ({bump['accept_file']})", ""]
@@ -357,14 +359,15 @@ def terminal_lines(bump: dict[str, Any], path: str | None = None) -> list[tuple[
         lines.append(("  API: " + "; ".join(shown) + (f"; and {len(breaking) - 6} more" if len(breaking) > 6 else ""),
                       {}))
     wrappers = {w["name"]: w for w in bump["wrappers"] if w["finding"]}
+    summaries = {f["id"]: f for f in bump["findings"]}
     for r in bump["backends"]:
         if r["finding"] or r["baseline"] in wrappers:
             w = wrappers.get(r["baseline"])
-            lines.append((f"  {r['baseline']}: " + (f"{w['change']}{Comparison._checks_text(w['before'], w['after'])}"
-                                                   if w else r["status"])
-                          + (f" [{r['finding'] or w['finding']}]" if r["finding"] or w else ""),
-                          {"red": any(f["id"] == (r["finding"] or (w or {}).get("finding")) and f["fails"]
-                                      for f in bump["findings"])}))
+            finding = summaries.get(r["finding"] or (w or {}).get("finding") or "", {})
+            text = (f"{r['baseline']}: {w['change']}{Comparison._checks_text(w['before'], w['after'])}" if w else
+                    finding.get("summary") or f"{r['baseline']}: {r['status']}")
+            lines.append((f"  {text[:300]}" + (f" [{finding['id']}]" if finding else ""),
+                          {"red": bool(finding.get("fails"))}))
     counts = bump["transition_counts"]
     if counts:
         lines.append(("  per property and backend: " + ", ".join(f"{n} {k}" for k, n in

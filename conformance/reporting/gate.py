@@ -146,6 +146,10 @@ def _order(pid: str) -> tuple[int, str]:
     return (int(digits) if digits else 1 << 30, pid)
 
 
+def _properties(n: int) -> str:
+    return f"{n} propert{'y' if n == 1 else 'ies'}"
+
+
 def _first_line(text: str | None, limit: int = 300) -> str:
     line = ((text or "").strip().splitlines() or [""])[0]
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -457,7 +461,7 @@ class Comparison:
     def _wrapper_paragraph(self, name: str, was: dict[str, Any], now: dict[str, Any]) -> str:
         held = len(self._held(self.old, name))
         return (f"{name}: the wrapper stopped using DeepEP. With {self.old_name} it drove DeepEP's "
-                f"{was['contract']} path ({held} properties held on it); with {self.new_name} it does not"
+                f"{was['contract']} path ({_properties(held)} held on it); with {self.new_name} it does not"
                 + self._checks_text(was, now)
                 + (f" ({now['why']})" if now.get("why") else "")
                 + ". Its users' calls no longer go through DeepEP, and nothing fails at import: the wrapper falls "
@@ -488,22 +492,22 @@ class Comparison:
                 version = self.new_name
                 why = removed_now or self._cause(new_name)
                 summary = (f"{name} (deep_ep.{api_class}, the {contract_of(entry)} contract): API removed in "
-                           f"{version}. The {len(held)} properties that held on it in the baseline "
+                           f"{version}. The {_properties(len(held))} that held on it in the baseline "
                            f"({', '.join(held)}) cannot run now: every {contract_of(entry)} property is unsupported "
                            f"({why}). Integrators calling {api_class} must move to the other API (see the migration "
                            f"table) or stay on {self.old_name}.")
             else:
                 finding_id = f"backend:{name}"
                 renamed = self.renamed.get(api_class or "")
-                summary = (f"{name} held on {len(held)} properties in the baseline ({self.old_name}) and is checked on "
-                           f"none now: {self._cause(new_name)}."
+                summary = (f"{name} held on {_properties(len(held))} in the baseline ({self.old_name}) and is "
+                           f"checked on none now: {self._cause(new_name)}."
                            + (f" Its class {api_class} was renamed to {renamed} (finding api:{api_class}): this run "
                               f"did not drive {renamed}, so no property of the {contract_of(entry)} contract was "
                               f"checked on it." if renamed else "")
                            + " One finding for the backend, not one per property.")
-            short = (f"{name}: API removed ({api_class}): {len(held)} properties that held cannot run"
+            short = (f"{name}: API removed ({api_class}): {_properties(len(held))} that held cannot run"
                      if finding_id.startswith("api:") else
-                     f"{name}: held on {len(held)} properties, checked on none now: {self._cause(new_name)[:200]}")
+                     f"{name}: held on {_properties(len(held))}, checked on none now: {self._cause(new_name)[:200]}")
             fails = self._finding(finding_id, "api-removed" if finding_id.startswith("api:") else "backend", short)
             self.collapsed[name] = self.findings[finding_id]
             if fails:
@@ -643,7 +647,7 @@ class Comparison:
         elif after == "known-defect":
             change = "new known defect: " + ", ".join(defects_after)
         elif after == "failed" and pid == API_PROPERTY and any(c.breaking for c in self.api):
-            change = "fails: the API changed (the migration table)"
+            change = "API changed: P14 fails (the migration table)"
         elif after == "failed":
             change = "still fails" if before == "failed" else "lost: fails now"
         elif before == "failed":
