@@ -191,3 +191,15 @@ def test_a_backend_whose_version_removed_its_api_is_api_removed_without_surfaces
     assert paragraph.startswith("real-v1 (deep_ep.Buffer, the V1 contract): API removed in deep_ep 2.5.0. The 2 "
                                 "properties that held on it in the baseline (P1, P5) cannot run now")
     assert "(DeepEP 2.5.0 removed the legacy Buffer)" in paragraph
+
+
+def test_a_suite_error_fails_the_gate_and_cannot_be_accepted(tmp_path) -> None:
+    """A property whose status is ``suite-error`` (the suite's own code raised; issue 35) is never a pass: the gate
+    fails, whatever the accepted-changes file says."""
+    from conformance.reporting.accept import load_acceptance
+
+    accept = tmp_path / "all.toml"
+    accept.write_text('[[accept]]\nfinding = "*"\nwhy = "everything"\n')
+    errored = _report(_entry("P1", "suite-error", suite_error="AttributeError in conformance/tasks/x.py"))
+    (paragraph,) = compare(_report(_entry("P1")), errored, load_acceptance(str(accept)))["regressions"]
+    assert paragraph.startswith("P1: a suite error") and "AttributeError in conformance/tasks/x.py" in paragraph

@@ -337,12 +337,13 @@ class Comparison:
         self._compare()
 
     # -------------------------------------------------------------------------------- acceptance
-    def _finding(self, finding_id: str, kind: str, summary: str) -> bool:
-        """Record a reason to fail; ``True`` when it fails (no accepted-changes entry names it)."""
+    def _finding(self, finding_id: str, kind: str, summary: str, acceptable: bool = True) -> bool:
+        """Record a reason to fail; ``True`` when it fails (no accepted-changes entry names it, or it cannot be
+        accepted: a suite error)."""
         existing = self.findings.get(finding_id)
         if existing is not None:
             return existing.fails
-        finding = Finding(finding_id, kind, summary, self.accept.why(finding_id))
+        finding = Finding(finding_id, kind, summary, self.accept.why(finding_id) if acceptable else None)
         self.findings[finding_id] = finding
         return finding.fails
 
@@ -534,6 +535,13 @@ class Comparison:
                     self.regressions.append(summary)
                 continue
             self._compare_property(pid, old, new, api_changed)
+        for pid, new in sorted(now.items(), key=lambda item: _order(item[0])):
+            if new["status"] == "suite-error":  # the suite's own code raised: never a pass, never accepted
+                summary = (f"{pid}: a suite error (the suite's own code raised while checking, not a backend's "
+                           f"failure): {_first_line(new.get('suite_error') or new.get('message'), 500)}. The gate "
+                           f"cannot judge the property: fix the suite and run again.")
+                if self._finding(f"{pid}:suite-error", "suite-error", f"{pid}: a suite error", acceptable=False):
+                    self.regressions.append(summary)
         for pid in sorted(set(now) - set(before), key=_order):
             new = now[pid]
             failed = [c for c, v in columns(new).items() if v.get("status") == "failed"]
