@@ -37,7 +37,9 @@ def library_version(document: dict[str, Any]) -> str:
     env = document.get("environment", {})
     if env.get("deep_ep"):
         return str(env["deep_ep"])
-    seen = sorted({v for v in versions_of(document).values() if v})
+    seen = sorted({str(b["deep_ep_seen"]["version"]) for b in env.get("backends", [])
+                   if (b.get("deep_ep_seen") or {}).get("version")})  # what the ranks imported, first
+    seen = seen or sorted({v for v in versions_of(document).values() if v})
     if seen:
         return " / ".join(seen)
     probe = (env.get("probes") or {}).get("conformance.emulation") or {}

@@ -68,10 +68,10 @@ def deep_ep_name(document: dict[str, Any]) -> str:
     kinds = {("real" if b.get("real") else "emulated") for b in env.get("backends", [])}
     if version:
         return f"deep_ep {version}"
-    seen = sorted({str((b.get("deep_ep_seen") or {}).get("version")) for b in env.get("backends", [])
-                   if (b.get("deep_ep_seen") or {}).get("version")})
+    seen = sorted({str((b.get("deep_ep_seen") or {}).get("version")).removesuffix("+emulation")
+                   for b in env.get("backends", []) if (b.get("deep_ep_seen") or {}).get("version")})
     if kinds == {"emulated"}:
-        return "the emulation" + (f" ({', '.join(seen)})" if seen and seen != ["2.1.0+emulation"] else "")
+        return "the emulation" + (f" of deep_ep {' / '.join(seen)}" if seen else "")
     return "the baseline build"
 
 
