@@ -7,7 +7,8 @@ lists properties is generated from :func:`conformance.properties.catalog` here:
 - ``docs/properties.md``: the whole catalog, one section per property (title, what it applies to, its docstring);
 - the catalog table of ``README.md`` (block ``catalog``);
 - the applicability table of ``docs/integrators.md`` (block ``applicability``): which properties check a plug-in
-  with the declarations the document shows (its minimal example, Megatron-Core's wrapper), and why the others do not.
+  with the declarations the document shows (its minimal example, Megatron-Core's wrapper), and why the others do not;
+- the set-up limits table of ``docs/reference.md`` (block ``setup-limits``), from ``conformance/core/setup_limits.py``.
 
 ``python -m conformance.docs`` checks them (exit 1, naming each stale file and this command); ``--write`` rewrites
 them.  ``tests/test_docs_drift.py`` runs the check, so a property added without running ``--write`` fails the
@@ -128,6 +129,21 @@ def integrator_backends(text: str) -> list[tuple[str, str, frozenset[str]]]:
             ("`megatron-fused-a2a-v2` (the same)", "v2", MEGATRON_CAPABILITIES)]
 
 
+def setup_limits_table() -> list[str]:
+    """The set-up limits (``conformance/core/setup_limits.py``), one row each: where, what cannot work, the evidence,
+    what of the suite it keeps from being made, where that is checked instead."""
+    from conformance.core.setup_limits import SETUP_LIMITS, SETUPS
+
+    lines = ["| limit | set-up | the call | what cannot work | evidence | not made (reported `unsupported`) | "
+             "checked with |", "|---|---|---|---|---|---|---|"]
+    for limit in SETUP_LIMITS:
+        setups = "; ".join(f"`{setup}`: {SETUPS[setup]}" for setup in limit.setups)
+        lines.append(f"| `{limit.id}` | {_cell(setups)} | `{limit.call}` with {_cell(limit.condition)} on the real "
+                     f"library | {_cell(limit.cannot)} | {_cell(limit.evidence)} | "
+                     f"{'<br>'.join(_cell(line) for line in limit.covers)} | {_cell(limit.checked_with)} |")
+    return lines
+
+
 def replace_block(text: str, name: str, block: list[str], path: str) -> str:
     """``text`` with generated block ``name`` replaced by ``block``."""
     opening, closing = begin(name), end(name)
@@ -142,8 +158,10 @@ def rendered(root: Path = ROOT) -> dict[Path, str]:
     """``{file: what it must hold}`` for every generated file or block under ``root``."""
     props = list(catalog().values())
     readme, integrators = root / "README.md", root / "docs" / "integrators.md"
+    reference = root / "docs" / "reference.md"
     integrators_text = integrators.read_text()
     return {
+        reference: replace_block(reference.read_text(), "setup-limits", setup_limits_table(), "docs/reference.md"),
         root / "docs" / "properties.md": properties_page(props),
         readme: replace_block(readme.read_text(), "catalog", catalog_table(props), "README.md"),
         integrators: replace_block(integrators_text, "applicability",

@@ -3,6 +3,8 @@ buffers of "someone else's" (a fork, a vendor build), one faithful and one with 
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 from deep_ep import Buffer, ElasticBuffer  # the deep_ep the ranks resolve (--deep-ep emulation here)
@@ -39,3 +41,33 @@ class BitFlippingElasticBuffer(ElasticBuffer):
 
 
 not_a_class = "a string"
+
+
+class SharedGpuHangingElasticBuffer(ElasticBuffer):
+    """``ElasticBuffer`` whose constructor never returns with ``num_cpu_bytes > 0`` where the ranks share one GPU
+    (``CONFORMANCE_RANK_SETUP=shared``), as the real V2 of DeepEP 2.1.0 did there (docs/real-runs/2026-12-04-1xH200,
+    runs 16 and 18; the set-up limit shared-gpu-v2-cpu-bytes): the real library's set-up limit, on a CPU.  The
+    self-tests run it flagged as the real library's own class (``BackendSpec.library``), so the set-up limits apply."""
+
+    def __init__(self, group: Any, *args: Any, **kwargs: Any) -> None:
+        # (num_bytes left out: the library's Python assert comes first, deep_ep/buffers/elastic.py:286)
+        if (kwargs.get("num_cpu_bytes") or 0) > 0 and kwargs.get("num_bytes") is not None and \
+                os.environ.get("CONFORMANCE_RANK_SETUP") == "shared":
+            while True:  # as the real constructor: it never returns (stopped by the example timeout)
+                time.sleep(3600)
+        super().__init__(group, *args, **kwargs)
+
+
+class SharedGpuHangingFork(SharedGpuHangingElasticBuffer):
+    """The same hang in a class that is not the real library's (a fork): no set-up limit applies, so its calls hang,
+    and the harness must charge the hang to it alone (``harness.faults.HungBackend``)."""
+
+
+class DispatchHangingFork(ElasticBuffer):
+    """A fork whose ``dispatch`` never returns where the ranks share one GPU: a hang in the middle of a P30 call
+    sequence, which must end that sequence, fail this backend alone and leave it out of the next sequences."""
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        while os.environ.get("CONFORMANCE_RANK_SETUP") == "shared":
+            time.sleep(3600)
+        return super().dispatch(*args, **kwargs)

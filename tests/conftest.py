@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -44,6 +45,60 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The ``slow`` self-tests first (a stable sort: otherwise in collection order), so that under xdist the longest
     ones start at once instead of lengthening the end of the run."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+#: Why a self-test may be skipped on a machine, as the run's last line counts them: (pattern of the reason, label).
+#: The reason itself (printed in full above that line) says what would run the test.
+SKIP_LABELS = (
+    (re.compile(r"needs \d+ GPUs"), "no GPUs here"),
+    (re.compile(r"Chromium"), "no Chromium"),
+    (re.compile(r"seed PR's patch is not here"), "no ../shared (seed PR)"),
+    (re.compile(r"DeepEP mirror"), "no DeepEP mirror"),
+    (re.compile(r"the recording .* holds section"), "a recorded section is an error"),
+    (re.compile(r"not installed|needs the '\w+' program|registry unreachable|not installable"), "a tool missing"),
+    (re.compile(r"network namespaces"), "no network namespaces"),
+)
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test's report gives."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skip_label(reason: str) -> str:
+    """The short label of a skip reason (:data:`SKIP_LABELS`, else the reason's first clause)."""
+    for pattern, label in SKIP_LABELS:
+        if pattern.search(reason):
+            return label
+    return re.split(r" \(|; |: ", reason, maxsplit=1)[0][:60]
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> Any:
+    """A skipped self-test is counted under its reason's label, so that the run's last line says how many were
+    skipped for which reason (``492 passed, 3 skipped (no GPUs here), 1 skipped (no Chromium)``)."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        return f"skipped ({skip_label(skip_reason(report))})", "s", ("SKIPPED", {"yellow": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Every skip reason in full (what would run the test), with its count and tests, before the last line."""
+    skipped = [report for key, reports in terminalreporter.stats.items() if key.startswith("skipped (")
+               for report in reports]
+    if not skipped:
+        return
+    by_reason: dict[str, list[str]] = {}
+    for report in skipped:
+        by_reason.setdefault(skip_reason(report), []).append(report.nodeid)
+    terminalreporter.section(f"{len(skipped)} skipped, by reason (what would run them)", sep="-")
+    for reason, nodeids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        terminalreporter.write_line(f"{len(nodeids)} x {reason}")
+        for nodeid in nodeids[:3]:
+            terminalreporter.write_line(f"      {nodeid}")
+        if len(nodeids) > 3:
+            terminalreporter.write_line(f"      ... and {len(nodeids) - 3} more")
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -115,21 +115,25 @@ def test_p11_expects_no_mismatch_in_a_one_rank_world() -> None:
 
 def test_p11_does_not_build_a_cpu_bytes_buffer_on_the_real_library_with_ranks_sharing_a_gpu(monkeypatch) -> None:
     """On DeepEP 2.1.0 with two ranks on one H200, ElasticBuffer(num_cpu_bytes > 0) never returned (docs/real-runs/
-    2026-12-04-1xH200): there the explicit buffer is reported unsupported with that evidence, not built; the
-    emulation, an isolated set-up and num_cpu_bytes=0 build it as before."""
+    2026-12-04-1xH200): there the explicit buffer is reported unsupported with that evidence (the set-up limit
+    shared-gpu-v2-cpu-bytes), not built; the emulation, an isolated set-up and num_cpu_bytes=0 build it as before."""
     from types import SimpleNamespace
 
-    from conformance.backends.contract import NotSupported
     from conformance.tasks import qp
+    from conformance.tasks.setup import SetupLimited
 
     case = find(qp_cases(2), lambda c: c.num_cpu_bytes > 0, settings=settings(FIND_SETTINGS, database=None))
-    real = SimpleNamespace(spec=SimpleNamespace(real=True))
+
+    def adapter(real: bool) -> SimpleNamespace:  # what the guard reads: the spec and the size hint (then: no env)
+        return SimpleNamespace(spec=SimpleNamespace(real=real), size_hint=lambda example: 2 << 20)
+
     monkeypatch.setenv("CONFORMANCE_RANK_SETUP", "shared")
-    with pytest.raises(NotSupported, match="never returned") as refused:
-        qp._qp_results(None, real, case)
+    with pytest.raises(SetupLimited, match="never returns") as refused:
+        qp._qp_results(None, adapter(True), case)
     assert "2026-12-04-1xH200" in str(refused.value) and "--rank-setup isolated" in str(refused.value)
-    for adapter, setup, cpu in ((SimpleNamespace(spec=SimpleNamespace(real=False)), "shared", case.num_cpu_bytes),
-                                (real, "isolated", case.num_cpu_bytes), (real, "shared", 0)):
+    assert refused.value.limit.id == "shared-gpu-v2-cpu-bytes" and "num_cpu_bytes > 0" in refused.value.condition
+    for real, setup, cpu in ((False, "shared", case.num_cpu_bytes), (True, "isolated", case.num_cpu_bytes),
+                             (True, "shared", 0)):
         monkeypatch.setenv("CONFORMANCE_RANK_SETUP", setup)
         with pytest.raises(AttributeError):  # past the guard: the (absent) env is used
-            qp._qp_results(None, adapter, dataclasses.replace(case, num_cpu_bytes=cpu))
+            qp._qp_results(None, adapter(real), dataclasses.replace(case, num_cpu_bytes=cpu))

@@ -126,6 +126,11 @@ def test_old_cases_and_errors_equal_the_real_recording(recording: Path) -> None:
         assert len(checked) > 60 * len(real["cases"]), f"only {len(checked)} fields compared"
 
 
+#: Sections whose calls probe a contract one DeepEP version changed (fixtures/record.py: v2_contract): a call may
+#: raise on the version recorded (2.1.0 has no ``defer_epilogue``; 2.5.0 refuses ``do_handle_copy=True``).
+PROBE_SECTIONS = {"v2_contract"}
+
+
 def test_every_new_section_present_and_well_formed(recording: Path) -> None:
     for rank in (0, 1):
         sections = load(recording, rank)["sections"]
@@ -138,6 +143,10 @@ def test_every_new_section_present_and_well_formed(recording: Path) -> None:
             assert section["inputs"]["topk_idx"].dtype == torch.int64
             for run_name, run in section["runs"].items():
                 where = f"rank {rank} {sid}.{run_name}"
+                if sid in PROBE_SECTIONS:  # a call one version refuses: what it raised is the recording
+                    assert "error" not in run or run["error"].partition(": ")[0].isidentifier(), where
+                    if "error" in run:
+                        continue
                 assert "error" not in run, f"{where} raised on the emulation: {run['error']}"
                 assert run["kind"] in RUN_FIELDS, f"{where}: unknown kind {run['kind']!r}"
                 missing = [f for f in RUN_FIELDS[run["kind"]] if f not in run]

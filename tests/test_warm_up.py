@@ -80,3 +80,32 @@ def test_no_compile_log_no_early_stop(tmp_path, monkeypatch) -> None:
     assert jit._quiet(None, 0.0, 0.0) is None
     monkeypatch.setattr(jit, "QUIET_MIN_S", 0.0)
     assert jit._quiet(str(tmp_path / "absent.log"), 0.0, 0.0) is None  # no compile seen yet
+
+
+def _fails_at_once_or_lingers(job: jit.Job, config, folder: str, modules) -> list[str]:
+    """Job 0 fails at once saying why (as every run did on DeepEP 2.5.0, whose API the properties cannot drive), before
+    any compile; the others would run a minute."""
+    number = int(Path(folder).name.removeprefix("job"))
+    body = ("import signal, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
+            + ("print('E   AttributeError: module deep_ep has no attribute ElasticBuffer', flush=True)\n"
+               "print('1 failed in 0.1s', flush=True)\nsys.exit(1)\n" if number == 0 else "time.sleep(60)\n"))
+    return [sys.executable, "-c", body]
+
+
+def test_a_run_that_fails_before_any_compile_says_why_and_ends_the_warm_up(tmp_path, monkeypatch) -> None:
+    """DeepEP 2.5.0 (issue 36): the ten warm-up runs each exited 1 after about 40 s, saying nothing, before the first
+    property.  A failed run now shows the end of its output, and one that failed before anything compiled ends the
+    warm-up (the others would fail the same way)."""
+    monkeypatch.setattr(jit, "command", _fails_at_once_or_lingers)
+    monkeypatch.setattr(jit, "warmed", lambda config: None)
+    config = SimpleNamespace(device="cpu", shape=SimpleNamespace(ranks_per_node=2), gpu_ids=[], rank_setup="isolated",
+                             rank_env={jit.LOG_ENV: str(tmp_path / "jit.log")}, shapes="jit")
+    lines: list[str] = []
+    result = jit.warm_up(config, str(tmp_path), lines.append)
+    failed = [job for job in result["jobs"] if job["exit"] == 1]
+    assert len(failed) == 1 and "no attribute ElasticBuffer" in failed[0]["said"], result["jobs"]
+    assert any("it said:" in line and "no attribute ElasticBuffer" in line for line in lines), lines
+    assert "before any kernel compiled" in result["ended_early"], result
+    assert len(result["jobs"]) == jit.CPU_SIDE_BY_SIDE < 10 and result["wall_s"] < 30, result  # none queued started
+    assert all("once a run failed" in job["stopped"] for job in result["jobs"] if job is not failed[0]), result

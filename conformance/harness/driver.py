@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
-from conformance.harness.faults import BudgetExhausted, KnownDefectStop, describe_cause
+from conformance.harness.faults import AllHung, BudgetExhausted, KnownDefectStop, describe_cause
 from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
 from conformance.properties import NotApplicable, Property
 from conformance.world.errors import RankFailure
@@ -64,6 +64,7 @@ def run_property(session: Any, prop: Property) -> None:
                     f"restarts); last cause: {describe_cause(budget.last_cause or {'kind': 'error'})}", pytrace=False)
     budget.start_property()
     session.collect_api_calls(keep=False)  # the construction preflight's calls are no property's
+    session.contain_hangs = True  # a hang in one backend's calls is that backend's (harness.faults.HungBackend)
     try:
         _draw(session, prop, configured, recorder, budget)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C or SIGTERM: stop at once, collect nothing
@@ -71,9 +72,25 @@ def run_property(session: Any, prop: Property) -> None:
     except BaseException:  # a failure or pytest's fail/skip: the calls made so far are still this property's
         session.collect_api_calls()
         raise
+    finally:
+        session.contain_hangs = False
     session.collect_api_calls()  # the library calls this property made (api_calls of its report entry)
+    if recorder.hung:
+        _fail_hung(property_id, recorder, [name for name in healthy if name not in recorder.hung], broken_message)
     if broken_message:
         pytest.fail(broken_message, pytrace=False)
+
+
+def _fail_hung(property_id: str, recorder: Any, others: list[str], broken_message: str) -> None:
+    """The property ends failed on the backends whose calls hung (each on one example, then left out): the message
+    names each backend, its call and the timeout, and the ``others`` checked beside them; the first hung case is the
+    counterexample of the report."""
+    __tracebackhide__ = True
+    first = next(iter(recorder.hung.values()))
+    recorder.cause, recorder.last_example = recorder.cause or first.cause, first.case  # (a broken build's stays)
+    message = (f"{property_id}: " + "; ".join(hung.describe() for hung in recorder.hung.values()) + "."
+               + (f" The other backends ({', '.join(others)}) were checked without it." if others else ""))
+    pytest.fail(message + (f" {broken_message}" if broken_message else ""), pytrace=False)
 
 
 def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: Any) -> None:
@@ -94,8 +111,11 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
             session.progress(property_id, recorder.examples)
 
     if prop.configured is not None:  # an option's mode (--soak): its chosen cases (the skip was decided above)
-        for case in configured:
-            check_one(case)
+        try:
+            for case in configured:
+                check_one(case)
+        except (KnownDefectStop, AllHung) as stopped:
+            recorder.stopped = str(stopped)
         return
 
     # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
@@ -127,7 +147,7 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
-    except KnownDefectStop as stopped:  # the verdicts stand as counted; the report says why it stopped early
+    except (KnownDefectStop, AllHung) as stopped:  # the verdicts stand as counted; the report says why it stopped
         recorder.stopped = str(stopped)
 
 

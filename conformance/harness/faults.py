@@ -1,7 +1,7 @@
 """Crashes and hangs get a bounded budget, so that a broken library costs seconds, not an hour.
 
 A rank that dies or hangs costs a world restart (seconds on CPU, tens of seconds with real GPUs), and
-Hypothesis, shrinking, would ask for many.  Three rules keep that bounded:
+Hypothesis, shrinking, would ask for many.  Four rules keep that bounded:
 
 - **Construction preflight.** Before the first example, every backend builds a buffer on the ranks, one
   backend at a time.  A backend that crashes, hangs or raises there is *broken*: every property that uses it
@@ -12,6 +12,13 @@ Hypothesis, shrinking, would ask for many.  Three rules keep that bounded:
   failing case is smaller than the one before, so the last one is the smallest.
 - **Per run.** A run (one pytest-xdist worker) may spend ``4 * max_restarts`` restarts; after that every
   remaining property fails at once, naming the last cause.
+- **A hang is its backend's.** Where the ranks time out inside one backend's calls (the call they were in names
+  the backend), the example fails on that backend alone, found within ``--example-timeout`` and costing one world
+  restart; the example is checked again on the other backends, and the property goes on without the hung backend
+  (:class:`HungBackend`: its later examples are listed as not checked, "hung in <call> on one example"), instead of
+  shrinking into the same hang until the budget is spent.  The property fails at its end, naming the backend, the
+  call and the example.  A known set-up limit never gets that far: ``core/setup_limits.py`` keeps its call from
+  being made.
 """
 
 from __future__ import annotations
@@ -99,13 +106,18 @@ class FaultBudget:
         """Whether the run spent its restarts (remaining properties then fail at once)."""
         return self.run_restarts > self.run_limit
 
-    def charge(self, failure: RankFailure, case: Any, seconds: float) -> None:
-        """Account for one crashed or hung example; raise :class:`BudgetExhausted` once the budget is spent."""
+    def charge(self, failure: RankFailure, case: Any, seconds: float, contained: bool = False) -> None:
+        """Account for one crashed or hung example; raise :class:`BudgetExhausted` once the budget is spent.
+
+        ``contained``: a hang charged to one backend, which the property then leaves out (:class:`HungBackend`): it
+        costs one restart of the budgets but no seconds rule applies (it cannot repeat on that backend)."""
         self.property_restarts += 1
         self.run_restarts += 1
-        self.property_seconds += seconds
+        if not contained:
+            self.property_seconds += seconds
         self.last_cause = cause_of(failure)
-        self.smallest = case
+        if not contained:
+            self.smallest = case
         spent = []
         if self.property_restarts > self.max_restarts:
             spent.append(f"{self.property_restarts} world restarts (--max-restarts {self.max_restarts})")
@@ -134,3 +146,30 @@ class KnownDefectStop(BaseException):  # noqa: N818 - an outcome; a BaseExceptio
         super().__init__(f"known defect {defect_id} retired the world on {examples} examples: the property stops "
                          f"drawing (each further example would restart the world to show it again)")
         self.defect_id = defect_id
+
+
+@dataclass(frozen=True)
+class HungBackend:
+    """One backend's calls hung on one example of a property (the ranks timed out in ``cause``'s call): that example
+    is the backend's failure, the world was restarted once, and the property leaves the backend out of its later
+    examples (they would only hang again and restart the world for each) while it goes on with the others."""
+
+    backend: str
+    cause: dict[str, Any]
+    case: Any
+    timeout_s: float
+
+    def not_checked(self) -> str:
+        """What the backend's column lists as not checked."""
+        return (f"hung in {describe_call(self.cause['call']) if self.cause.get('call') else 'its calls'} on one "
+                f"example (past the {self.timeout_s:g} s example timeout; the world was restarted once): its later "
+                f"examples of this property were not checked")
+
+    def describe(self) -> str:
+        """One sentence for the property's failure message."""
+        return (f"{describe_cause(self.cause)} on one example, past the {self.timeout_s:g} s example timeout (the "
+                f"world was restarted once); its later examples were not checked")
+
+
+class AllHung(BaseException):  # noqa: N818 - an outcome; a BaseException so that Hypothesis lets it through
+    """Every backend the property uses hung once (:class:`HungBackend`): nothing is left to draw for."""

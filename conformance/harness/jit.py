@@ -13,8 +13,10 @@ vocabulary shape, a few examples each, in several small pytest runs side by side
 GPU all of them share it, on several each takes its own), every one writing into the same kernel cache.  A kernel
 compiles in one process at a time (each call of the JIT is synchronous), so the side-by-side runs are what make the
 compiles concurrent; the run proper then finds its kernels in the cache.  Their verdicts are not the run's (the
-run checks every property again); a warm-up run that fails only costs compiles later.  A run stops at its limit, or
-once the compile log has been quiet a while (:data:`QUIET_S`): what is left then is examples, not compiles.
+run checks every property again); a warm-up run that fails only costs compiles later, and says why (the end of its
+output, :func:`log_tail`, in its entry and the progress line).  A run stops at its limit, or once the compile log has
+been quiet a while (:data:`QUIET_S`): what is left then is examples, not compiles.  A run that fails before any kernel
+compiled ends the warm-up (the other runs would fail the same way: a library whose API the properties cannot drive).
 """
 
 from __future__ import annotations
@@ -163,6 +165,22 @@ def _quiet(log: str | None, wall_started: float, started: float) -> str | None:
     return f"after {QUIET_S:.0f} s without a compile (the warm-up's kernels are compiled)"
 
 
+#: How much of a failed warm-up run's output its entry and the progress line show (its last lines).
+TAIL_LINES = 12
+TAIL_CHARS = 1500
+
+
+def log_tail(path: str) -> str:
+    """The last :data:`TAIL_LINES` non-empty lines of a warm-up run's output (at most :data:`TAIL_CHARS`)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        return f"(its output could not be read: {exc})"
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()][-TAIL_LINES:]
+    tail = "\n".join(lines)
+    return (tail[-TAIL_CHARS:] if len(tail) > TAIL_CHARS else tail) or "(it printed nothing)"
+
+
 def _where(folder: str) -> str:
     """Where a stopped warm-up run had got to, from its partial report (its log.txt says more)."""
     try:
@@ -222,6 +240,7 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
     started, wall_started = time.monotonic(), time.time()
     running: list[tuple[Job, subprocess.Popen, int, float, str]] = []  # job, process, slot, start, folder
     quieted: dict[int, str] = {}  # pid -> why the run was stopped once the compiles were over (:func:`_quiet`)
+    result_note: list[str] = []  # why the warm-up ended before its runs did
     done: list[dict[str, Any]] = []
     free = list(range(len(slots)))
     queue = list(enumerate(todo))
@@ -264,15 +283,34 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                              "wall_s": round(time.monotonic() - began, 1), "log": os.path.join(folder, "log.txt")})
                 if stopped:
                     done[-1]["stopped"] = f"{stopped}; {_where(folder)}"
+                elif proc.returncode:  # it failed on its own: what it said last is why
+                    done[-1]["said"] = log_tail(os.path.join(folder, "log.txt"))
                 progress(f"conformance: JIT warm-up {len(done)}/{len(todo)} done: {job.describe(vocabulary)} in "
                          f"{time.monotonic() - began:.0f} s (exit {proc.returncode})"
-                         + (f"; stopped {done[-1]['stopped']}" if stopped else ""))
+                         + (f"; stopped {done[-1]['stopped']}" if stopped else "")
+                         + (f"; it said:\n{done[-1]['said']}" if "said" in done[-1] else ""))
+                log = config.rank_env.get(LOG_ENV)
+                if "said" in done[-1] and not (log and read_log(log, wall_started)) and \
+                        (queue or any(other.poll() is None for _, other, _, _, _ in running)):
+                    # a run that failed before anything compiled: the others would fail the same way (a library
+                    # whose API the properties cannot drive: DeepEP 2.5.0's ten runs each exited 1 after 40 s)
+                    given_up = (f"job {len(done)} failed (exit {proc.returncode}) before any kernel compiled: the "
+                                f"other {len(queue) + len(running)} runs were not waited for")
+                    result_note.append(given_up)
+                    progress(f"conformance: JIT warm-up ends: {given_up}; the run proper compiles what it needs")
+                    queue.clear()
+                    for _, other, _, _, _ in running:
+                        if other.poll() is None:
+                            other.terminate()
+                            quieted[other.pid] = "once a run failed before any kernel compiled"
     finally:  # an interrupted run leaves no warm-up run behind
         for _, proc, _, _, _ in running:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     result = {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}
+    if result_note:
+        result["ended_early"] = result_note[0]
     if config.device == "cuda":
         try:
             cache_dir().mkdir(parents=True, exist_ok=True)

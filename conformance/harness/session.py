@@ -17,12 +17,19 @@ from conformance.core.example import Example
 from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
-from conformance.harness.faults import KNOWN_DEFECT_RESTARTS, FaultBudget, KnownDefectStop, cause_of
+from conformance.harness.faults import (
+    KNOWN_DEFECT_RESTARTS,
+    AllHung,
+    FaultBudget,
+    HungBackend,
+    KnownDefectStop,
+    cause_of,
+)
 from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
 from conformance.harness.verdicts import Tally
 from conformance.properties import NotApplicable, Property, by_id
 from conformance.tasks.env import TaskSettings
-from conformance.world.errors import RankCrashed, RankFailure, RankRaised
+from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankTimeout
 from conformance.world.launcher import World, WorldShape
 
 
@@ -52,7 +59,9 @@ class Recorder:
     first_failure_at: int | None = None  # examples checked when the first one failed (1: the first one did)
     #: known-defect id -> examples on which it retired the world (a crash, a CUDA fault)
     world_retiring_defects: dict[str, int] = field(default_factory=dict)
-    stopped: str | None = None  # why the property stopped drawing early (KnownDefectStop)
+    stopped: str | None = None  # why the property stopped drawing early (KnownDefectStop, AllHung)
+    #: backend -> the hang that took it out of the property's later examples (harness.faults.HungBackend)
+    hung: dict[str, HungBackend] = field(default_factory=dict)
     #: the world died outside the property's examples (found by the suite's own task that collects the library
     #: calls: a node or rank lost while idle, or a fault surfacing after the last example); never silent
     world_lost: str | None = None
@@ -127,6 +136,11 @@ class Session:
         self._memo: dict[tuple[Any, ...], list[Any]] = {}  # (property, settings, case) -> results (Property.memo)
         #: Called after every example with (property id, examples so far): the run's progress reporting.
         self.on_progress: Callable[[str, int], None] | None = None
+        #: A hang inside one backend's calls is contained (:meth:`_contain`): charged to that backend, which the
+        #: property then leaves out, instead of raised.  On while the pytest run draws a property
+        #: (``harness.driver``); off for direct callers of :meth:`check` (meta-tests, the kill matrix), which see
+        #: every hang raised.
+        self.contain_hangs = False
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -187,8 +201,12 @@ class Session:
         excluded = self.excluded(prop)
         found = self._broken.get(self.mutant, {})
         leave_out = () if include_broken or prop.runs_when_broken else found
-        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out)
+        hung = self.recorder.hung  # backends whose calls hung on an earlier example of this property
+        specs = tuple(b for b in self.config.backends
+                      if b.name not in excluded and b.name not in leave_out and b.name not in hung)
         self.recorder.excluded = dict(excluded)
+        if not specs and hung:
+            raise AllHung(f"every backend of {prop.id} hung once ({', '.join(hung)}): nothing is left to check")
         if not specs:
             raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")
         return TaskSettings(specs, self.mutant, tuple(b.name for b in specs if b.name in found))
@@ -203,7 +221,9 @@ class Session:
 
         The recorder's tally learns which backends held, failed or were excluded; a failure that a known-defect
         entry explains is counted as that known defect and does not raise (Hypothesis goes on drawing, so any
-        other failure of the property is still found)."""
+        other failure of the property is still found).  With :attr:`contain_hangs`, a hang inside one backend's calls
+        fails that backend's column, costs one world restart, and the case is checked again without it
+        (:meth:`_contain`); the backend is then left out of the property's later cases."""
         __tracebackhide__ = True
         prop = by_id(property_id)
         settings = self.settings_for(prop)
@@ -215,6 +235,23 @@ class Session:
         for example in examples_in(case):
             recorder.shapes.add((example.hidden, example.num_topk, example.num_experts,
                                  example.num_max_tokens_per_rank, example.expert_alignment))
+        while True:
+            try:
+                self._check_on(prop, settings, case)
+                return
+            except RankTimeout as hang:  # one backend's calls hung: that backend's failure, the others checked again
+                backend = self._contain(hang, case, settings.names)
+                if backend is None:
+                    raise
+                settings = dataclasses.replace(settings, backends=tuple(
+                    spec for spec in settings.backends if spec.name != backend))
+                if not settings.backends:
+                    return
+
+    def _check_on(self, prop: Property, settings: TaskSettings, case: Any) -> None:
+        """:meth:`check` of ``prop`` on ``case`` with the backends of ``settings``."""
+        __tracebackhide__ = True
+        property_id, recorder = prop.id, self.recorder
         tally = recorder.tally
         tally.start(settings.names, self.pairs(settings.names))
         try:
@@ -264,9 +301,28 @@ class Session:
             if isinstance(other, RankRaised) and not other.in_step:
                 raise
             tally.failed(self._blame(other, names))
+        except RankTimeout as hang:  # one of the others hung: its failure, contained (the blamed one's is raised)
+            hung = self._contain(hang, case, names)
+            if hung is None:
+                raise
+            tally.failed((hung,))
         else:
             tally.held()
         tally.start(blame, [])
+
+    def _contain(self, hang: RankTimeout, case: Any, names: tuple[str, ...]) -> str | None:
+        """The backend of ``names`` whose calls hung (``hang`` names it), now left out of the property's later
+        examples and charged one world restart (:class:`~conformance.harness.faults.HungBackend`); ``None`` where
+        hangs are not contained (:attr:`contain_hangs`) or the hang is no one backend's (then it is raised)."""
+        backend = hang.backend or (hang.culprit_call() or "").partition("|")[0]
+        if not self.contain_hangs or backend not in names:
+            return None
+        cause = {**cause_of(hang, backend), "contained": True}  # (the report: no budget was spent on it)
+        hung = HungBackend(backend, cause, case, self.config.example_timeout_s)
+        self.recorder.hung[backend] = hung
+        self.record_not_checked(backend, hung.not_checked())
+        self.budget.charge(hang, case, self.config.example_timeout_s, contained=True)
+        return backend
 
     def _results(self, prop: Property, settings: TaskSettings, case: Any) -> list[Any]:
         """The per-rank results of ``prop``'s task on ``case`` (a ``memo`` property: once per case and property)."""

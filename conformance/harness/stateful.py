@@ -5,7 +5,9 @@ the ranks keep the sequence's buffers between tasks) and checked at once (``Stat
 result, a rank that raised, crashed or hung is caught at the step that caused it; Hypothesis then shrinks the
 sequence to the shortest one that still fails.  The session's recorder counts sequences as examples (checked,
 held, failed per backend and pair); the failing sequence is the counterexample of the report (its JSON carries
-the readable list of calls) and its reproduction line replays it whole (``Property.task``).
+the readable list of calls) and its reproduction line replays it whole (``Property.task``).  A hang inside one
+backend's calls (``harness.faults.HungBackend``) ends its sequence there, fails that backend, and the later sequences
+run without it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from hypothesis import settings
 from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
 from conformance.properties import Property
 from conformance.strategies import vocabulary
-from conformance.world.errors import RankFailure, RankRaised
+from conformance.world.errors import RankFailure, RankRaised, RankTimeout
 
 #: Steps per sequence in the pytest run (Hypothesis' ``stateful_step_count``).
 STEPS_PER_SEQUENCE = 10
@@ -36,12 +38,12 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
     stateful = prop.stateful
     config = session.config
     recorder = session.recorder
-    task_settings = session.settings_for(prop)
-    state: dict[str, Any] = {"started": 0.0}
+    # the backends of the running sequence: every sequence starts without those whose calls hung earlier
+    state: dict[str, Any] = {"started": 0.0, "settings": session.settings_for(prop), "abandoned": False}
 
     def fail(failure: BaseException, case: Any, budgeted: bool) -> None:
         tally = recorder.tally
-        tally.failed(session._blame(failure, task_settings.names))
+        tally.failed(session._blame(failure, state["settings"].names))
         session._note_failure(failure)
         if budgeted:
             session.budget.charge(failure, case, time.monotonic() - state["started"])
@@ -51,9 +53,13 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         recorder.property_id = prop.id
         recorder.last_example = case
         if index == 0:
+            state["settings"], state["abandoned"] = session.settings_for(prop), False  # AllHung: nothing left
             recorder.examples += 1
-            recorder.tally.start(task_settings.names)
+            recorder.tally.start(state["settings"].names)
             state["started"] = time.monotonic()
+        elif state["abandoned"]:  # its state on the ranks went with the world a hang retired
+            return
+        task_settings = state["settings"]
         try:
             per_rank = session.world.run(stateful.step_task, task_settings, (case, index),
                                          timeout=config.example_timeout_s)
@@ -61,17 +67,25 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         except (AssertionError, RankRaised) as failure:
             fail(failure, case, budgeted=False)
             raise
+        except RankTimeout as hang:  # one backend's calls hung: its failure; the sequence ends, the others go on
+            hung = session._contain(hang, case, task_settings.names)
+            if hung is None:
+                fail(hang, case, budgeted=True)
+                raise
+            recorder.tally.failed((hung,))
+            session._note_failure(hang)
+            state["abandoned"] = True
         except RankFailure as failure:  # a crash or hang: the world is rebuilt on the next use
             fail(failure, case, budgeted=True)
             raise
 
     def end(case: Any, failed: bool) -> None:
-        if failed:
+        if failed or state["abandoned"]:
             session.progress(prop.id, recorder.examples)
             return
         recorder.distinct.add(case.to_json())
         recorder.tally.held()
-        session.world.run(stateful.end_task, task_settings, case, timeout=config.example_timeout_s)
+        session.world.run(stateful.end_task, state["settings"], case, timeout=config.example_timeout_s)
         session.progress(prop.id, recorder.examples)
 
     machine = stateful.machine(config.world_size, run_step, end)

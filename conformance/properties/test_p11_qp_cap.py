@@ -3,7 +3,8 @@
 for drawn bandwidths), over-asking refused before any communication, combine reusing the dispatch's SM count, and
 the pinned ``num_max_tokens_per_rank``.  On the real library with ranks sharing one GPU (``--rank-setup shared``)
 an example's explicit buffer with ``num_cpu_bytes > 0`` is reported unsupported instead of built: its constructor
-never returned there (docs/real-runs/2026-12-04-1xH200, runs 16 and 18)."""
+never returned there (set-up limit ``shared-gpu-v2-cpu-bytes`` of ``conformance/core/setup_limits.py``, with its
+evidence: docs/real-runs/2026-12-04-1xH200, runs 16 and 18)."""
 
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
     __tracebackhide__ = True
     example = case.example
     for backend, results in per_backend(ctx, per_rank):
-        if any(isinstance(got, Unsupported) for got in results):  # not built here (tasks.qp: ranks sharing a GPU)
+        if any(isinstance(got, Unsupported) for got in results):  # not built here (a set-up limit)
             ctx.record_unsupported(next(got for got in results if isinstance(got, Unsupported)), case)
             continue
         for rank, got in enumerate(results):

@@ -2,7 +2,9 @@
 refusal of DeepEP 2.1.0 on the argument path of a public call) raises the library's exception on every rank,
 nothing hangs, the row's valid neighbour passes, neither call leaves the caller's current CUDA stream switched (a
 refusal raised after the library switched to its communication stream would poison every later call of the thread),
-and the next valid dispatch returns the oracle's bytes.
+and the next valid dispatch returns the oracle's bytes.  A call that a set-up limit names (``core/setup_limits.py``:
+e.g. an ``ElasticBuffer`` with ``num_cpu_bytes > 0`` on the real library with ranks sharing one GPU, where it never
+returns) is not made: that part of the row is listed as not checked for the backend, with the limit's evidence.
 
 Every run makes every applicable row's calls once (the explicit sweep), then draws one to four rows with
 examples; real and emulated backends are held to the same rows, so a run on the real library checks the table.
@@ -35,6 +37,7 @@ from typing import Any
 
 from conformance.assertions import assert_no_side_effect, assert_raised_everywhere, assert_view_matches_oracle
 from conformance.core.cases import BadCallCase, p12_rows
+from conformance.core.views import Unsupported
 from conformance.emulation import _refusals
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies.calls import bad_call_cases, bad_call_sweep
@@ -62,10 +65,12 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
             got = [ranks["rows"][row_id][backend] for ranks in per_rank]
             where = f"{backend}: {row['call']} with {row['condition']} [refusal {row_id}, {row['source']}]"
             ctx.checking((backend,))
-            assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
-                                     message_pattern=_refusals.message_pattern(row_id))
-            assert_no_side_effect([g["raised"] for g in got], call=where, what="the bad call")
-            _neighbour_passed(got, row_id, where)
+            if not _not_made(ctx, backend, row_id, "the bad call", [g["raised"] for g in got]):
+                assert_raised_everywhere([g["raised"] for g in got], call=where, expected_type=row["exception"],
+                                         message_pattern=_refusals.message_pattern(row_id))
+                assert_no_side_effect([g["raised"] for g in got], call=where, what="the bad call")
+            if not _not_made(ctx, backend, row_id, "the valid neighbour", [g["neighbour"] for g in got]):
+                _neighbour_passed(got, row_id, where)
     for rank, ranks in enumerate(per_rank):
         for backend, view in ranks["after"].items():
             ctx.checking((backend,))
@@ -76,12 +81,27 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
             got = [ranks["rows"][row_id][backend] for ranks in per_rank]
             where = f"{backend}: {row['call']} with {row['condition']} [row {row_id}, {row['source']}]"
             ctx.checking((backend,))
+            if _not_made(ctx, backend, row_id, "the valid neighbour", [g["neighbour"] for g in got]) or \
+                    _not_made(ctx, backend, row_id, "the call", [g["raised"] for g in got]):
+                continue
             _neighbour_passed(got, row_id, where)
             for rank, g in enumerate(got):
                 if g["raised"].type is not None:
                     raise AssertionError(f"rank {rank} raised {g['raised'].type}: {g['raised'].message}; "
                                          f"{MUST_WORK[row_id]} [{where}]")
     ctx.checking(None)
+
+
+def _not_made(ctx: CheckContext, backend: str, row_id: str, what: str, results: list[Any]) -> bool:
+    """Whether a set-up limit kept the call from being made (an :class:`Unsupported` result on every rank: the
+    recipes are the same on every rank): then recorded as a part of the check ``backend`` could not take here, with
+    the limit's reason and evidence, and not checked."""
+    limited = [r for r in results if isinstance(r, Unsupported)]
+    if not limited:
+        return False
+    ctx.record_not_checked(backend, f"refusal row {row_id}: {what} was not made ({limited[0].condition})")
+    ctx.record_not_checked(backend, limited[0].error)
+    return True
 
 
 def _neighbour_passed(got: list[dict[str, Any]], row_id: str, where: str) -> None:

@@ -402,13 +402,14 @@ def headline(entries: list[PropertyEntry]) -> list[str]:
 
     broken: dict[str, dict[str, Any]] = {}
     stopped: dict[str, list[str]] = {}
+    hung: dict[str, list[str]] = {}  # a hang charged to its backend (harness.faults.HungBackend): no budget spent
     for e in entries:
         if not e.cause:
             continue
         if e.cause.get("kind") == "construction":
             broken.update(e.cause["broken"])
         else:
-            stopped.setdefault(describe_cause(e.cause), []).append(e.id)
+            (hung if e.cause.get("contained") else stopped).setdefault(describe_cause(e.cause), []).append(e.id)
     lines = []
     if broken:
         kinds = {c["kind"] for c in broken.values()}
@@ -421,6 +422,9 @@ def headline(entries: list[PropertyEntry]) -> list[str]:
                         " (the other backends were checked)."))
     for cause, ids in stopped.items():
         lines.append(f"Crash/hang budget spent by {', '.join(ids)}: {cause}.")
+    for cause, ids in hung.items():
+        lines.append(f"Hung in {', '.join(ids)}: {cause} (one world restart each; that backend was left out of the "
+                     f"property's later examples).")
     for e in entries:
         if e.world_lost:
             lines.append(f"{e.id}: {e.world_lost}.")

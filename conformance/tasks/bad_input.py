@@ -1,6 +1,7 @@
 """Rank task of P12 (bad calls): for each drawn row of the refusal table, make its bad call and its valid
 neighbour with every selected backend of the row's API, then the next valid dispatch on the suite's own buffer.
-What each call raised comes back as :class:`~conformance.core.views.Raised` per rank; letting an exception
+What each call raised comes back as :class:`~conformance.core.views.Raised` per rank (an
+:class:`~conformance.core.views.Unsupported` where a set-up limit kept the call from being made); letting an exception
 escape would retire the world."""
 
 from __future__ import annotations
@@ -9,14 +10,23 @@ from typing import Any
 
 from conformance.backends.factory import get_adapter
 from conformance.core.cases import BadCallCase, row_api
-from conformance.core.views import DispatchOptions, Raised
+from conformance.core.spec import BackendSpec
+from conformance.core.views import DispatchOptions, Raised, Unsupported
 from conformance.emulation import _refusals
 from conformance.tasks import refusals
 from conformance.tasks.env import RankEnv, rank_task
+from conformance.tasks.setup import SetupLimited
+from conformance.world.rank import backend_context
 
 
-def _raised(name: str, module: Any, env: RankEnv, shared: refusals.SharedBuffers) -> Raised:
-    kind, message, side_effect = refusals.run(name, refusals.make_env(module, env.example, shared))
+def _raised(name: str, spec: BackendSpec, env: RankEnv, shared: refusals.SharedBuffers) -> Raised | Unsupported:
+    """What recipe (or neighbour) ``name`` raised with ``spec``'s module; :class:`Unsupported` (with the limit's
+    reason) where a set-up limit kept its call from being made (``core/setup_limits.py``)."""
+    module = get_adapter(spec).module
+    try:
+        kind, message, side_effect = refusals.run(name, refusals.make_env(module, env.example, shared, spec.real))
+    except SetupLimited as limited:
+        return Unsupported(spec.name, f"refusal row {name}", str(limited), limited.condition)
     return Raised(kind, message, side_effect)
 
 
@@ -51,7 +61,8 @@ def _bad_calls(env: RankEnv, case: BadCallCase, shared: refusals.SharedBuffers) 
             elif spec.api != api:
                 continue
             used[spec.name] = spec
-            module = get_adapter(spec).module
-            per_backend[spec.name] = {"raised": _raised(row_id, module, env, shared),
-                                      "neighbour": _raised(f"{row_id}.ok", module, env, shared)}
+            # the backend's calls: a crash or hang in them is charged to it (its cell), naming the row
+            with backend_context(spec.name, f"refusal row {row_id}"):
+                per_backend[spec.name] = {"raised": _raised(row_id, spec, env, shared),
+                                          "neighbour": _raised(f"{row_id}.ok", spec, env, shared)}
     return rows, used

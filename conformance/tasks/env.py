@@ -113,8 +113,8 @@ class RankEnv:
         with backend_context(spec.name, operation):
             try:
                 result = call(get_adapter(spec))
-            except NotSupported as exc:
-                result = Unsupported(spec.name, f"{spec.name} {operation}", str(exc))
+            except NotSupported as exc:  # a set-up limit's (tasks.setup) names its condition
+                result = Unsupported(spec.name, f"{spec.name} {operation}", str(exc), getattr(exc, "condition", ""))
             except Exception as exc:
                 result = limited(spec, (operation, *also), self.example, exc)
                 if result is None:

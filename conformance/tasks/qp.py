@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from conformance.backends.contract import NotSupported
 from conformance.backends.factory import get_adapter
 from conformance.core.cases import QpCase
 from conformance.core.example import build_rank_inputs
@@ -19,6 +17,7 @@ from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, Raised
 from conformance.tasks.env import RankEnv, rank_task
 from conformance.tasks.pinned_max import PinnedMaxMismatch, check_pinned_max
+from conformance.tasks.setup import refuse_if_limited
 from conformance.world.rank import cached, context, on_shutdown
 
 #: Every even SM count up to an H200's 132.
@@ -59,8 +58,10 @@ def _direct_buffer(spec: BackendSpec) -> Any:
     """A small ``allow_hybrid_mode=False`` buffer with the automatic QP cap (kept for the process)."""
     def build() -> Any:
         adapter = get_adapter(spec)
-        buffer = adapter.module.ElasticBuffer(context().group, num_max_tokens_per_rank=16, hidden=256, num_topk=1,
-                                              allow_hybrid_mode=False, num_allocated_qps=0, explicitly_destroy=True)
+        arguments = {"num_max_tokens_per_rank": 16, "hidden": 256, "num_topk": 1, "allow_hybrid_mode": False,
+                     "num_allocated_qps": 0, "explicitly_destroy": True}
+        refuse_if_limited(spec.real, "ElasticBuffer.__init__", arguments)
+        buffer = adapter.module.ElasticBuffer(context().group, **arguments)
         on_shutdown(buffer.destroy)
         return buffer
     return cached(("p11-direct-buffer", spec), build)
@@ -77,16 +78,21 @@ def _caps(buffer: Any, case: QpCase) -> dict[str, Any]:
             "theoretical_sms": buffer.get_theoretical_num_sms(example.num_experts, example.num_topk, **bandwidths)}
 
 
+def _explicit_arguments(adapter: Any, case: QpCase) -> dict[str, Any]:
+    """The explicit buffer's constructor arguments but the group: ``num_bytes=hint + extra + cpu``,
+    ``num_cpu_bytes=cpu``, ``num_allocated_qps``, for the example's shape."""
+    example = case.example
+    return {"num_bytes": adapter.size_hint(example) + case.extra_bytes + case.num_cpu_bytes,
+            "num_cpu_bytes": case.num_cpu_bytes, "num_max_tokens_per_rank": example.num_max_tokens_per_rank,
+            "hidden": example.hidden, "num_topk": example.num_topk, "num_allocated_qps": case.num_allocated_qps,
+            "explicitly_destroy": True}
+
+
 def _explicit_buffer(adapter: Any, case: QpCase) -> tuple[Any, int]:
     """``ElasticBuffer(num_bytes=hint + extra + cpu, num_cpu_bytes=cpu, num_allocated_qps=...)`` for the example's
     shape, and the ``num_bytes`` it was asked for (the caller destroys it)."""
-    example = case.example
-    num_bytes = adapter.size_hint(example) + case.extra_bytes + case.num_cpu_bytes
-    buffer = adapter.module.ElasticBuffer(
-        context().group, num_bytes=num_bytes, num_cpu_bytes=case.num_cpu_bytes,
-        num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden, num_topk=example.num_topk,
-        num_allocated_qps=case.num_allocated_qps, explicitly_destroy=True)
-    return buffer, num_bytes
+    arguments = _explicit_arguments(adapter, case)
+    return adapter.module.ElasticBuffer(context().group, **arguments), arguments["num_bytes"]
 
 
 def _call(fn: Any, *args: Any, **kwargs: Any) -> tuple[Raised, list[str]]:
@@ -117,19 +123,11 @@ def qp_results(env: RankEnv) -> dict[str, dict[str, Any]]:
 TOO_MANY_TOKENS_TIMEOUT_S = 10
 
 
-#: Why an explicit buffer with CPU bytes is not built on the real library where ranks share a GPU.
-SHARED_GPU_CPU_BYTES = (
-    "ElasticBuffer(num_cpu_bytes > 0) is not built on the real library with ranks sharing one GPU (--rank-setup "
-    "shared): there its constructor never returned on DeepEP 2.1.0 (docs/real-runs/2026-12-04-1xH200: the P11 "
-    "explicit buffer with num_cpu_bytes=2 MiB hung in ElasticBuffer.__init__ on both ranks, and so did a fresh world "
-    "of two ranks building only that buffer: v2_cpu_bytes_init.py --fresh --configs 2:129); checked with one GPU per "
-    "rank (--rank-setup isolated)")
-
-
 def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
-    """One V2 backend's part of :func:`qp_results`."""
-    if case.num_cpu_bytes and adapter.spec.real and os.environ.get("CONFORMANCE_RANK_SETUP") == "shared":
-        raise NotSupported(SHARED_GPU_CPU_BYTES)
+    """One V2 backend's part of :func:`qp_results`.  Its explicit buffer is not built where a set-up limit names it
+    (``core/setup_limits.py``: ``num_cpu_bytes > 0`` with ranks sharing one GPU): the example is then ``unsupported``
+    for the backend, with the limit's evidence."""
+    refuse_if_limited(adapter.spec.real, "ElasticBuffer.__init__", _explicit_arguments(adapter, case))
     ctx, device, inputs = env.ctx, env.device, env.inputs
     example = case.example
     buffer = adapter.buffer(example)
@@ -188,10 +186,11 @@ def _qp_results(env: RankEnv, adapter: Any, case: QpCase) -> dict[str, Any]:
     for offender in offenders:
         over[offender] = example.num_max_tokens_per_rank + case.over_tokens
     big = build_rank_inputs(dataclasses.replace(example, tokens_per_rank=tuple(over)), ctx.rank).to(device)
-    impatient = adapter.module.ElasticBuffer(
-        ctx.group, num_max_tokens_per_rank=example.num_max_tokens_per_rank, hidden=example.hidden,
-        num_topk=example.num_topk, num_allocated_qps=0, explicitly_destroy=True,
-        num_cpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S, num_gpu_timeout_secs=TOO_MANY_TOKENS_TIMEOUT_S)
+    arguments = {"num_max_tokens_per_rank": example.num_max_tokens_per_rank, "hidden": example.hidden,
+                 "num_topk": example.num_topk, "num_allocated_qps": 0, "explicitly_destroy": True,
+                 "num_cpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S, "num_gpu_timeout_secs": TOO_MANY_TOKENS_TIMEOUT_S}
+    refuse_if_limited(adapter.spec.real, "ElasticBuffer.__init__", arguments)
+    impatient = adapter.module.ElasticBuffer(ctx.group, **arguments)
     try:
         got["too_many_tokens"], _ = _call(impatient.dispatch, big.x, **{**common, "topk_idx": big.topk_idx,
                                                                      "topk_weights": big.topk_weights})

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import NotSupported
 from conformance.backends.factory import get_adapter
 from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
 from conformance.core.cases import SequenceCase, Step
@@ -29,7 +30,8 @@ from conformance.core.spec import BackendSpec
 from conformance.core.views import Raised, Unsupported
 from conformance.emulation.utils import event as emulated_event
 from conformance.tasks.env import RankEnv, limited, rank_task
-from conformance.world.rank import cached, on_shutdown
+from conformance.tasks.setup import refuse_if_limited
+from conformance.world.rank import backend_context, cached, on_shutdown
 
 
 @dataclass
@@ -93,12 +95,18 @@ def _state() -> SequenceState:
 
 
 def _build(state: BackendState, case: SequenceCase, num_nodes: int, group: Any) -> Any:
+    """The sequence's buffer (a set-up limit that names it refuses it first: ``tasks.setup``)."""
     if state.spec.api == "v1":
-        return state.module.Buffer(group, num_nvl_bytes=NUM_NVL_BYTES,
-                                   num_rdma_bytes=NUM_RDMA_BYTES if num_nodes > 1 else 0, explicitly_destroy=True)
-    return state.module.ElasticBuffer(group, num_max_tokens_per_rank=case.num_max_tokens_per_rank, hidden=case.hidden,
-                                      num_topk=case.num_topk, deterministic=False, num_allocated_qps=0,
-                                      explicitly_destroy=True)
+        arguments: dict[str, Any] = {"num_nvl_bytes": NUM_NVL_BYTES,
+                                     "num_rdma_bytes": NUM_RDMA_BYTES if num_nodes > 1 else 0,
+                                     "explicitly_destroy": True}
+    else:
+        arguments = {"num_max_tokens_per_rank": case.num_max_tokens_per_rank, "hidden": case.hidden,
+                     "num_topk": case.num_topk, "deterministic": False, "num_allocated_qps": 0,
+                     "explicitly_destroy": True}
+    name = state.spec.class_name
+    refuse_if_limited(state.spec.real, f"{name}.__init__", arguments)
+    return getattr(state.module, name)(group, **arguments)
 
 
 def _previous(state: BackendState, after: int) -> Any:
@@ -260,7 +268,11 @@ def _run_step(env: RankEnv, sequence: SequenceState, case: SequenceCase, index: 
         sequence.reset(env.device)
         for spec in env.specs():
             sequence.backends[spec.name] = BackendState(spec, get_adapter(spec).module)
-    return {name: _step_or_unsupported(env, state, case, index) for name, state in sequence.backends.items()}
+    out = {}
+    for name, state in sequence.backends.items():
+        with backend_context(name, f"step {index} ({case.steps[index].op})"):  # a hang or crash is that backend's
+            out[name] = _step_or_unsupported(env, state, case, index)
+    return out
 
 
 def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
@@ -269,6 +281,10 @@ def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, 
         return state.unsupported
     try:
         return apply_step(env, state, case, index)
+    except NotSupported as exc:  # a set-up limit (tasks.setup): the rest of the sequence is not made either
+        state.unsupported = Unsupported(state.spec.name, f"{state.spec.name} step {index}", str(exc),
+                                        getattr(exc, "condition", ""))
+        return state.unsupported
     except Exception as exc:
         step = case.steps[index]
         examples = [step.example, case.steps[step.ref].example if step.ref >= 0 else None]

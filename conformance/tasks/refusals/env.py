@@ -31,6 +31,7 @@ from conformance.tasks.refusals.helpers import (
     ll_size_hint,
     narrow_hidden,
 )
+from conformance.tasks.setup import refuse_if_limited
 
 
 @dataclass
@@ -125,6 +126,9 @@ class BadCallEnv:
     device: torch.device
     num_nodes: int = 1
     shared: SharedBuffers | None = None
+    #: whether ``module`` is the real library: its constructors then consult the set-up limits first
+    #: (``core/setup_limits.py``; a limited one raises ``SetupLimited`` instead of being made)
+    real: bool = False
     _buffers: list[Any] = field(default_factory=list, repr=False)
 
     # buffers, built the way the suite's adapters build them (conformance/backends/legacy.py, elastic.py)
@@ -137,6 +141,7 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
+        refuse_if_limited(self.real, "Buffer.__init__", kwargs)
         if self.shared is not None and kwargs["num_rdma_bytes"]:
             self.shared.release()  # one NVSHMEM buffer at a time (see SharedBuffers)
         buffer = self.module.Buffer(group, **kwargs)
@@ -156,6 +161,7 @@ class BadCallEnv:
         }
         kwargs.update(overrides)
         group = kwargs.pop("group", self.group)
+        refuse_if_limited(self.real, "ElasticBuffer.__init__", kwargs)
         buffer = self.module.ElasticBuffer(group, **kwargs)
         self._buffers.append(buffer)
         return buffer
@@ -186,6 +192,7 @@ class BadCallEnv:
         kwargs.update(overrides)
         if private or overrides or self.shared is None:
             return self.v1_buffer(**kwargs)
+        refuse_if_limited(self.real, "Buffer.__init__", kwargs)
         return self.shared.get((id(self.module), shape, shrink), lambda: self.module.Buffer(self.group, **kwargs))
 
     def release(self) -> None:
@@ -273,16 +280,17 @@ class BadCallEnv:
                                 lambda: self.valid_ll_dispatch(buffer, use_fp8=False))
 
 
-def make_env(module: Any, example: Example, shared: SharedBuffers | None = None) -> BadCallEnv:
+def make_env(module: Any, example: Example, shared: SharedBuffers | None = None, real: bool = False) -> BadCallEnv:
     """The environment of this rank process (inside a :class:`conformance.world.World` task); ``shared``: the
-    task's low-latency buffers (without it every recipe builds its own)."""
+    task's low-latency buffers (without it every recipe builds its own); ``real``: ``module`` is the real library
+    (its constructors consult the set-up limits)."""
     from conformance.world.rank import context
 
     ctx = context()
     device = ctx.torch_device()
     return BadCallEnv(module=module, group=ctx.group, rank=ctx.rank, world_size=ctx.world_size, example=example,
                       inputs=build_rank_inputs(example, ctx.rank).to(device), device=device, num_nodes=ctx.num_nodes,
-                      shared=shared)
+                      shared=shared, real=real)
 
 
 def default_config_values(env: BadCallEnv, combine: bool = False, num_sms: int | None = None) -> ConfigValues:

@@ -111,10 +111,12 @@ def applies(name: str, example: Example, num_nodes: int) -> bool:
 def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None, str | None]:
     """Run recipe ``name``; return ``(exception type name, message, side effect)``, ``(None, None, ...)`` when
     nothing was raised.  The side effect is ``None`` unless the call left the thread's current CUDA stream switched
-    (then it names the streams, and the caller's stream is current again, so later calls are not poisoned).
+    (then it names the streams, and the caller's stream is current again, so later calls are not poisoned).  A call
+    a set-up limit names is not made: its ``SetupLimited`` propagates (``tasks.setup``).
 
     The buffers it built are destroyed afterwards, whatever happened (the shared ones stay for the next recipe).
     """
+    from conformance.tasks.setup import SetupLimited
     from conformance.world.rank import call_context, current_cuda_stream, restore_cuda_stream
 
     before = current_cuda_stream()
@@ -122,6 +124,8 @@ def run(name: str, env: BadCallEnv) -> tuple[str | None, str | None, str | None]
     try:
         with call_context(f"refusal row {name}"):
             RECIPES[name](env)
+    except SetupLimited:  # a call this set-up cannot make was not made: the caller reports it, no refusal
+        raise
     except Exception as exc:  # the refusal under test
         kind, message = type(exc).__name__, str(exc)
     finally:
