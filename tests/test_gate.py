@@ -136,3 +136,70 @@ def test_a_bad_baseline_file_is_named(tmp_path) -> None:
         load_report(str(bad))
     with pytest.raises(ValueError, match="not a readable conformance report"):
         load_report(str(tmp_path / "missing.json"))
+
+
+def test_a_failure_the_baseline_had_is_still_there_and_a_new_one_fails_per_backend() -> None:
+    """Judged per backend: real-v2 failed before and fails now (the baseline's: reported, not failed); real-v1 held
+    before and fails now beside it (lost, though the property's status was 'failed' in both); a backend the
+    baseline did not have, failing now, fails too."""
+    v2_fails = {**_column("failed"), "failed": 1, "reason": "TypeError in ElasticBuffer.dispatch"}
+    old = _report(_entry("P12", "failed", verdicts={"real-v1": _column("passed"), "real-v2": v2_fails}))
+    same = compare(old, old)
+    assert same["regressions"] == []
+    from conformance.reporting.gate import Comparison
+
+    assert Comparison(old, old).still_failing == ["P12 on real-v2: failed in the baseline and fails now: TypeError "
+                                                  "in ElasticBuffer.dispatch"]
+    worse = _report(_entry("P12", "failed", message="rank 0 raised", verdicts={
+        "real-v1": {**_column("failed"), "failed": 1}, "real-v2": v2_fails}))
+    (paragraph,) = compare(old, worse)["regressions"]
+    assert paragraph.startswith("P12 held in the baseline (deep_ep 2.1.0: passed on 10 examples) and fails now on "
+                                "real-v1 (deep_ep 2.1.0): rank 0 raised")
+    new_backend = _report(_entry("P12", "failed", message="x", verdicts={
+        "real-v1": _column("passed"), "real-v2": v2_fails, "v2=pkg:MyBuffer": {**_column("failed"), "failed": 1}}))
+    (paragraph,) = compare(old, new_backend)["regressions"]
+    assert paragraph.startswith("P12 fails now on v2=pkg:MyBuffer, which the baseline did not check")
+
+
+def test_a_backend_checked_on_nothing_now_is_one_finding() -> None:
+    """real-v2 broken on construction: one paragraph with the cause (not one per property); P14's failure is the
+    API change it reports, said once."""
+    broken = {**_column("failed", 0), "checked": 0, "held": 0, "failed": 1,
+              "reason": "broken on buffer construction: real-v2: a rank raised AttributeError: module 'deep_ep' has "
+                        "no attribute 'ElasticBuffer'"}
+    old = _report(_entry("P1"), _entry("P5"), _entry("P7"))
+    new = _report(*[_entry(pid, "failed", message="broken", verdicts={"real-v1": _column("passed"),
+                                                                      "real-v2": broken})
+                    for pid in ("P1", "P5", "P7")])
+    (paragraph,) = compare(old, new)["regressions"]
+    assert paragraph.startswith("real-v2 held on 3 properties in the baseline (deep_ep 2.1.0) and is checked on none "
+                                "now: broken on buffer construction") and "no attribute 'ElasticBuffer'" in paragraph
+
+
+def test_a_backend_whose_version_removed_its_api_is_api_removed_without_surfaces() -> None:
+    """The run says a backend's API is gone from its version (``removed``, issue 36's contracts: ``real-v1`` on
+    DeepEP 2.5.0) and neither report has P14's surfaces: still one 'API removed' finding, ``api:Buffer``."""
+    old = _report(_entry("P1"), _entry("P5"))
+    old["environment"]["backends"] = [{"name": "real-v1", "api": "Buffer", "real": True},
+                                      {"name": "real-v2", "api": "ElasticBuffer", "real": True}]
+    gone = {**_column("unsupported", 0), "reason": "DeepEP 2.5.0 removed the legacy Buffer"}
+    new = _report(*[_entry(pid, verdicts={"real-v1": gone, "real-v2": _column("passed")}) for pid in ("P1", "P5")])
+    new["environment"] = {"deep_ep": "2.5.0", "backends": [
+        {"name": "real-v1", "api": "Buffer", "real": True, "removed": "DeepEP 2.5.0 removed the legacy Buffer"},
+        {"name": "real-v2", "api": "EPBuffer", "real": True}]}
+    (paragraph,) = compare(old, new)["regressions"]
+    assert paragraph.startswith("real-v1 (deep_ep.Buffer, the V1 contract): API removed in deep_ep 2.5.0. The 2 "
+                                "properties that held on it in the baseline (P1, P5) cannot run now")
+    assert "(DeepEP 2.5.0 removed the legacy Buffer)" in paragraph
+
+
+def test_a_suite_error_fails_the_gate_and_cannot_be_accepted(tmp_path) -> None:
+    """A property whose status is ``suite-error`` (the suite's own code raised; issue 35) is never a pass: the gate
+    fails, whatever the accepted-changes file says."""
+    from conformance.reporting.accept import load_acceptance
+
+    accept = tmp_path / "all.toml"
+    accept.write_text('[[accept]]\nfinding = "*"\nwhy = "everything"\n')
+    errored = _report(_entry("P1", "suite-error", suite_error="AttributeError in conformance/tasks/x.py"))
+    (paragraph,) = compare(_report(_entry("P1")), errored, load_acceptance(str(accept)))["regressions"]
+    assert paragraph.startswith("P1: a suite error") and "AttributeError in conformance/tasks/x.py" in paragraph

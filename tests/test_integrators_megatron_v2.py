@@ -18,6 +18,7 @@ What must hold (issue 24):
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 
@@ -143,3 +144,50 @@ def test_a_v2_backend_on_a_megatron_without_a_v2_path_is_refused_in_one_line(tmp
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = [line for line in proc.stderr.splitlines() if "megatron-fused-a2a-v2" in line]
     assert len(lines) == 1 and "has no DeepEP V2 path" in lines[0], proc.stderr[-2000:]
+
+
+#: The DeepEP 2.5.0 emulation (issue 36) is on this branch: the bump below runs on it, else on a mutant.
+VERSIONED = importlib.util.find_spec("conformance.versions") is not None
+
+
+def test_the_gate_says_the_wrapper_stops_using_deep_ep_through_a_bump(both_paths, tmp_path: Path) -> None:
+    """Wrappers through the bump: the session's run (both paths on the 2.1.0 emulation) is the baseline; the new
+    side is the 2.5.0 emulation (``--deep-ep emulation:2.5.0``: no ``Buffer``, no ``ElasticBuffer``; both paths turn
+    off, as measured on the real 2.5.0), or, before that emulation is on the branch, the 2.1.0 emulation with
+    ``ElasticBuffer`` renamed ``EPBuffer`` (the mutant: only the V2 path turns off).  The seed PR's ``from deep_ep
+    import ElasticBuffer`` fails there.  What each path's wrapper checked is in both reports, and the gate says it
+    once: ``wrapper:megatron-fused-a2a-v2`` stopped using DeepEP (``HAVE_DEEP_EP_V2`` True -> False), neither
+    ``unsupported`` nor a failure per property."""
+    _, old = both_paths
+    flags = {b["name"]: b["wrapper"] for b in old["environment"]["backends"] if "plugin" in b}
+    on = {"HAVE_DEEP_EP": True, "HAVE_DEEP_EP_V2": True, "fused_dispatch is None": False}
+    assert flags == {V1: {"checked": on, "drives_deep_ep": True, "why": ""},
+                     V2: {"checked": on, "drives_deep_ep": True, "why": ""}}, flags
+    baseline = tmp_path / "old.json"
+    baseline.write_text(json.dumps(old))
+    new = (["--deep-ep", "emulation:2.5.0", "--backends", f"{V1},{V2},emulated-v2"] if VERSIONED else
+           ["--deep-ep", "emulation", "--backends", f"{V1},{V2},emulated-v1", "--mutant", "renamed-elastic-buffer"])
+    proc, report = run_suite(["-p", "no:xdist", "--nodes", "1", *new, "--device", "cpu", "--max-examples", "2",
+                              "--baseline", str(baseline), "--allow-partial",
+                              "conformance/properties/test_p01_payloads.py"],
+                             tmp_path / "reports", timeout=600, extra_path=(seed_pr_megatron(), entry_points(tmp_path)))
+    assert report, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    (v2,) = [b for b in report["environment"]["backends"] if b["name"] == V2]
+    assert v2["wrapper"]["drives_deep_ep"] is False and v2["wrapper"]["checked"]["HAVE_DEEP_EP_V2"] is False
+    assert "this deep_ep has no ElasticBuffer" in v2["wrapper"]["why"]
+    p1 = next(p for p in report["properties"] if p["id"] == "P1-per-expert-payloads")
+    assert p1["verdicts"][V2]["status"] == "failed", p1["verdicts"]
+    assert p1["verdicts"][V1]["status"] == ("failed" if VERSIONED else "passed"), p1["verdicts"]
+    gate = report["gate"]
+    (paragraph,) = [r for r in gate["regressions"] if r.startswith(V2)]
+    assert "the wrapper stopped using DeepEP" in paragraph and "HAVE_DEEP_EP_V2 True -> False" in paragraph
+    assert not [r for r in gate["regressions"] if r.startswith("P1-") and V2 in r], gate["regressions"]
+    rows = {w["name"]: w for w in gate["bump"]["wrappers"]}
+    assert rows[V2]["change"] == "stopped using DeepEP" and rows[V2]["finding"] == f"wrapper:{V2}"
+    if VERSIONED:  # 2.5.0 has no Buffer either: the legacy path turns off too (HAVE_DEEP_EP)
+        assert rows[V1]["change"] == "stopped using DeepEP" and rows[V1]["after"]["checked"]["HAVE_DEEP_EP"] is False
+    else:
+        assert rows[V1]["change"] == "still drives DeepEP" and not rows[V1]["finding"]
+    assert f"wrapper:{V2}" in {f["id"] for f in gate["findings"] if f["fails"]}
+    assert "## Wrappers (plug-ins)" in (tmp_path / "reports" / "bump.md").read_text()

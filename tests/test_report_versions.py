@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from conformance.reporting.accept import load_acceptance
+from conformance.reporting.bump import explain
+from conformance.reporting.schema import SCHEMA
 from tests.conftest import PLANTED_RUN, run_suite
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
@@ -30,7 +34,7 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     baseline = tmp_path / "baseline" / "deep_ep-old.json"
     proc, report = run_suite([*PROPERTIES, *COMMON, f"--write-baseline={baseline}", "--allow-partial"], tmp_path / "r0")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert json.loads(baseline.read_text())["schema"] == 3 and f"baseline written: {baseline}" in proc.stdout
+    assert json.loads(baseline.read_text())["schema"] == SCHEMA and f"baseline written: {baseline}" in proc.stdout
     known = {k["id"]: k for k in report["known_defects"]["entries"]}
     assert known[KNOWN]["status"] == "known-defect", known[KNOWN]
     p12 = next(p for p in report["properties"] if p["id"] == "P12-bad-input")
@@ -49,7 +53,8 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     regression, report = runs[1]
     assert regression.returncode == 1
     (paragraph,) = [r for r in report["gate"]["regressions"] if r.startswith("P1-")]  # P12's next call breaks too
-    assert paragraph.startswith("P1-per-expert-payloads held in the baseline (the emulation: passed on")
+    assert paragraph.startswith("P1-per-expert-payloads held in the baseline (the emulation of deep_ep 2.1.0: passed "
+                                "on")
     assert "fails now on emulated-v" in paragraph and "bytes differ" in paragraph and "python -m conformance.repro" \
         in paragraph and "Shrunk counterexample" in paragraph
     assert "GATE REGRESSION P1-per-expert-payloads held in the baseline" in regression.stdout
@@ -60,6 +65,28 @@ def test_the_gate_fails_on_a_regression_and_on_a_renamed_api_and_passes_an_ident
     assert len(surface) == 1 and "ElasticBuffer: renamed to 'EPBuffer' (same methods)" in surface[0], \
         report["gate"]["regressions"]
     assert "import ElasticBuffer: True -> False" in surface[0]
+    # The bump explained: emulated-v2 (its construction now fails on the old name) is one finding, not one per
+    # property; P14's own failure is the API change, said once; bump.md beside the report; the terminal opens with it.
+    bump = report["gate"]["bump"]
+    failing = {f["id"] for f in bump["findings"] if f["fails"]}
+    assert failing == {"api:ElasticBuffer", "backend:emulated-v2"}, sorted(failing)
+    (backend,) = [r for r in report["gate"]["regressions"] if r.startswith("emulated-v2 held on")]
+    assert "no attribute 'ElasticBuffer'" in backend and "renamed to EPBuffer (finding api:ElasticBuffer)" in backend
+    assert [r["where"] for r in bump["api"]["migration"]] == ["ElasticBuffer"]
+    text = (tmp_path / "r3" / "bump.md").read_text()
+    assert text.startswith("# DeepEP bump: 2.1.0+emulation -> 2.1.0+emulation (planted: mutant "
+                           "renamed-elastic-buffer)") and "| `ElasticBuffer` | `EPBuffer` |" in text
+    summary = renamed.stdout[renamed.stdout.index("DeepEP conformance summary"):]
+    assert summary.splitlines()[1].startswith("DeepEP bump 2.1.0+emulation -> 2.1.0+emulation: the bump 2.1.0 -> "
+                                              "2.1.0 FAILS the gate"), summary[:2000]
+    # ... and accepted: the same two reports pass the gate with both findings listed (and a stale entry reported)
+    accept = tmp_path / "accept.toml"
+    accept.write_text('[[accept]]\nfinding = "api:ElasticBuffer"\nwhy = "renamed upstream"\n\n[[accept]]\n'
+                      'finding = "backend:emulated-v2"\nwhy = "our adapter moves to EPBuffer"\n\n[[accept]]\n'
+                      'finding = "defect:*"\nwhy = "none expected"\n')
+    accepted = explain(json.loads(baseline.read_text()), report, load_acceptance(str(accept)))
+    assert accepted["regressions"] == [] and len(accepted["accepted"]) == 2, accepted["regressions"]
+    assert [e["finding"] for e in accepted["stale_acceptances"]] == ["defect:*"]
 
 
 def test_the_gate_reports_a_fixed_known_defect_without_failing(tmp_path: Path) -> None:
@@ -119,3 +146,45 @@ wrong = "the last rank dies inside ElasticBuffer.dispatch"
     plain, report = run_suite([*args, "--known-defects=none", "--max-restarts", "1"], tmp_path / "plain")
     p1 = next(p for p in report["properties"] if p["id"] == "P1-per-expert-payloads")
     assert plain.returncode == 1 and p1["status"] == "failed", plain.stdout[-3000:]
+
+
+#: The 2.5.0 emulation and the versioned contracts (issue 36) are on this branch: ``--deep-ep emulation:VERSION``.
+VERSIONED = importlib.util.find_spec("conformance.versions") is not None
+BUMP_PROPERTIES = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p07_cached_dispatch.py",
+                   "conformance/properties/test_p14_api_surface.py",
+                   "conformance/properties/test_p26_worst_case_whole.py"]
+
+
+@pytest.mark.skipif(not VERSIONED, reason="the DeepEP 2.5.0 emulation (issue 36, --deep-ep emulation:2.5.0) is not "
+                                          "on this branch yet")
+def test_the_2_1_0_to_2_5_0_bump_on_the_emulation_is_explained(tmp_path: Path) -> None:
+    """The gate as a user without a GPU runs it: ``--deep-ep emulation:2.1.0 --write-baseline`` then ``--deep-ep
+    emulation:2.5.0 --baseline``.  The explanation: V1 removed (one finding for emulated-v1, not one per property),
+    ElasticBuffer -> EPBuffer with its changed parameters, V2's properties held on EPBuffer against 2.1.0's results,
+    the recv_topk_idx defect still there; accepted, the same reports pass."""
+    baseline = tmp_path / "old.json"
+    common = [*BUMP_PROPERTIES, "--backends", "emulated", "--max-examples", "4", "--conformance-seed", "5", "-p",
+              "no:xdist", "--allow-partial"]
+    old, _ = run_suite([*common, "--deep-ep", "emulation:2.1.0", f"--write-baseline={baseline}"], tmp_path / "r0")
+    assert old.returncode == 0, old.stdout[-3000:]
+    new, report = run_suite([*common, "--deep-ep", "emulation:2.5.0", "--baseline", str(baseline)], tmp_path / "r1")
+    assert new.returncode == 1, new.stdout[-3000:]
+    bump = report["gate"]["bump"]
+    assert (bump["before"]["deep_ep"], bump["after"]["deep_ep"]) == ("2.1.0+emulation", "2.5.0+emulation")
+    rows = {r["baseline"]: r for r in bump["backends"]}
+    assert rows["emulated-v1"]["status"] == "API removed" and rows["emulated-v2"]["class_now"] == "EPBuffer"
+    table = {r["where"]: r for r in bump["api"]["migration"]}
+    assert table["Buffer"]["now"] == "removed" and table["ElasticBuffer"]["now"] == "`EPBuffer`"
+    assert table["EPBuffer.__init__(num_cpu_bytes)"]["kind"] == "removed-param"
+    (v1,) = [r for r in report["gate"]["regressions"] if "emulated-v1" in r.split(":")[0]]
+    assert v1.startswith("emulated-v1 (deep_ep.Buffer, the V1 contract): API removed") and "P1-per-expert" in v1
+    failing = {f["id"] for f in bump["findings"] if f["fails"]}
+    assert all(f.startswith("api:") for f in failing), sorted(failing)  # nothing of V2's behaviour was lost
+    cells = {(t["property"], t["backend"]): t["change"] for t in bump["transitions"]}
+    assert cells[("P26-worst-case-whole", "emulated-v2")].startswith("still there: "), cells
+    assert bump["transition_counts"]["held"] >= 2  # P1, P7 on EPBuffer against ElasticBuffer's results
+    assert (tmp_path / "r1" / "bump.md").read_text().startswith("# DeepEP bump: 2.1.0+emulation -> 2.5.0+emulation")
+    accept = tmp_path / "accept.toml"
+    accept.write_text('[[accept]]\nfinding = "api:*"\nwhy = "the 2.5.0 API: reviewed, our code moved to EPBuffer"\n')
+    accepted = explain(json.loads(baseline.read_text()), report, load_acceptance(str(accept)))
+    assert accepted["regressions"] == [] and not accepted["verdict"]["failed"], accepted["regressions"]

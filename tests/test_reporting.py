@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from conformance.core.spec import parse_backends
 from conformance.harness.config import RunConfig
 from conformance.reporting.report import USER_PROPERTY, entry_from_report, markdown, summarise
+from conformance.reporting.schema import SCHEMA
 from conformance.world.launcher import WorldShape
 
 CONFIG = RunConfig(WorldShape(2, 2), tuple(parse_backends("emulated", False)))
@@ -135,5 +136,5 @@ def test_github_step_summary_gets_the_matrix(tmp_path, monkeypatch) -> None:
                           allow_partial=True)
     text = summary.read_text()
     assert text.startswith("earlier step\n## DeepEP conformance") and "| P5-combine | passed | passed 25/25" in text
-    assert json.loads((tmp_path / "b.json").read_text())["schema"] == 3
+    assert json.loads((tmp_path / "b.json").read_text())["schema"] == SCHEMA
     assert document["step_summary"] == str(summary)

@@ -14,7 +14,13 @@ its declaration as attributes (:class:`BackendFactory`):
 - ``family`` (optional, default the backend's name): the wrapper it is one path of: the report compares the V1 and
   V2 members of a family with each other;
 - ``unavailable()`` (optional): a reason this plug-in cannot run here (read by the controller's probe: the run stops
-  with that one line), or ``None``.
+  with that one line), or ``None``;
+- ``wrapper_checks()`` (optional): what the wrapper itself checks to decide whether it drives DeepEP here, as
+  ``{"checked": {name: value}, "drives_deep_ep": bool, "why": str}`` (Megatron: ``HAVE_DEEP_EP``,
+  ``HAVE_DEEP_EP_V2``, whether ``fused_dispatch`` is ``None``).  Read by the same probe and kept in the report
+  (``environment.backends[].wrapper``), so that the version gate can say "this wrapper drove DeepEP before the bump
+  and silently does not now" with what it checked.  A wrapper that does not drive DeepEP still runs (its
+  construction says why, and fails): the run tells, rather than stops.
 
 A subclass of :class:`PluginBackend` is such a factory (class attributes, constructor taking the env); a
 function can get the attributes from :func:`declare`.  The controller imports the module once in a fresh
@@ -410,9 +416,26 @@ def declaration_of(factory: Any, target: str) -> dict[str, Any]:
     reason = unavailable() if callable(unavailable) else None
     if reason:
         raise RuntimeError(reason)
-    return {"api": api, "capabilities": sorted(capabilities), "description": getattr(factory, "description", "") or "",
-            "uses_deep_ep": bool(getattr(factory, "uses_deep_ep", True)), "source": source_of(target),
-            "family": str(getattr(factory, "family", "") or "")}
+    declaration = {"api": api, "capabilities": sorted(capabilities),
+                   "description": getattr(factory, "description", "") or "",
+                   "uses_deep_ep": bool(getattr(factory, "uses_deep_ep", True)), "source": source_of(target),
+                   "family": str(getattr(factory, "family", "") or "")}
+    checks = getattr(factory, "wrapper_checks", None)
+    if callable(checks):
+        declaration["wrapper"] = wrapper_state(checks, target)
+    return declaration
+
+
+def wrapper_state(checks: Any, target: str) -> dict[str, Any]:
+    """``checks()`` (a plug-in's ``wrapper_checks``) as JSON: ``checked`` (values as ``repr``, ``None`` kept as
+    ``None``), ``drives_deep_ep``, ``why``; ``TypeError`` naming what is wrong."""
+    state = checks()
+    if not isinstance(state, dict) or not isinstance(state.get("drives_deep_ep"), bool):
+        raise TypeError(f"{target}.wrapper_checks() returned {state!r}: a dict with 'drives_deep_ep' (bool), "
+                        f"'checked' ({{name: value}}) and 'why' is needed")
+    checked = {str(k): (v if isinstance(v, bool | int | str) or v is None else repr(v))
+               for k, v in dict(state.get("checked") or {}).items()}
+    return {"checked": checked, "drives_deep_ep": state["drives_deep_ep"], "why": str(state.get("why") or "")}
 
 
 def build(spec: BackendSpec, env: PluginEnv) -> Backend:
@@ -431,15 +454,19 @@ def build(spec: BackendSpec, env: PluginEnv) -> Backend:
     return backend
 
 
-def probe(target: str, deep_ep: str | None = None) -> dict[str, Any]:
-    """Import ``target`` (with deep_ep resolved as ``deep_ep`` says, as on the ranks) and read its declaration:
-    ``{"importable": True, "api", "capabilities", ...}`` or ``{"importable": False, "error": ...}``."""
+def probe(target: str, deep_ep: str | None = None, mutant: str | None = None) -> dict[str, Any]:
+    """Import ``target`` (with deep_ep resolved as ``deep_ep`` says and the run's ``mutant`` planted, as on the
+    ranks) and read its declaration: ``{"importable": True, "api", "capabilities", ...}`` or ``{"importable": False,
+    "error": ...}``."""
     try:
         if deep_ep:
             from conformance.backends.alias import use
 
             use(deep_ep)
-        return {"target": target, "importable": True, **declaration_of(load_factory(target), target)}
+        from conformance.mutants import activate
+
+        with activate(mutant):  # what the wrapper checks at import is what the ranks' deep_ep offers
+            return {"target": target, "importable": True, **declaration_of(load_factory(target), target)}
     except Exception as exc:
         return {"target": target, "importable": False, "error": f"{type(exc).__name__}: {exc}"}
 
@@ -477,13 +504,13 @@ def probe_class(target: str, api: str, deep_ep: str | None = None) -> dict[str, 
 
 
 def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: float = 180.0,
-                        api: str | None = None) -> dict[str, Any]:
+                        api: str | None = None, mutant: str | None = None) -> dict[str, Any]:
     """:func:`probe` (or, with ``api``, :func:`probe_class`) in a fresh interpreter (an import that crashes or hangs
     cannot take the caller with it)."""
     import subprocess
 
-    args = ([sys.executable, "-m", "conformance.backends.plugins"] + (["--class", api] if api else []) + [target]
-            + ([deep_ep] if deep_ep else []))
+    args = ([sys.executable, "-m", "conformance.backends.plugins"] + (["--class", api] if api else [])
+            + (["--mutant", mutant] if mutant and not api else []) + [target] + ([deep_ep] if deep_ep else []))
     try:
         proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -500,4 +527,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "--class":
         print(json.dumps(probe_class(sys.argv[3], sys.argv[2], sys.argv[4] if len(sys.argv) > 4 else None)))
     else:
-        print(json.dumps(probe(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)))
+        argv = sys.argv[1:]
+        planted = argv[1] if argv[0] == "--mutant" else None
+        argv = argv[2:] if planted else argv
+        print(json.dumps(probe(argv[0], argv[1] if len(argv) > 1 else None, planted)))

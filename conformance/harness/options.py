@@ -73,9 +73,13 @@ OPTIONS: tuple[Option, ...] = (
            int, 3, "N"),
     Option("--conformance-seed", "seed of every draw (default: random, printed in the header and the report)",
            int, None, "N"),
-    Option("--baseline", "a previous conformance.json (or a file of --write-baseline): fail, one paragraph per "
-           "reason, if a property that held fails, a capability became unsupported, a divergence or known defect "
-           "appeared, vanished or changed, or the API surface changed incompatibly", str, None, "FILE"),
+    Option("--baseline", "a previous conformance.json (or a file of --write-baseline): explain the bump (bump.md) and "
+           "fail, one paragraph per reason, if a property that held fails, a capability became unsupported, a "
+           "divergence or known defect appeared, vanished or changed, the API surface changed incompatibly or a "
+           "wrapper stopped using DeepEP (the exit status is the gate's verdict)", str, None, "FILE"),
+    Option("--accept-bump", "with --baseline: a TOML file of accepted changes ([[accept]] finding = ID or pattern, "
+           "why = ...; ids as bump.md prints them): the gate reports them and does not fail on them "
+           "(docs/reference.md)", str, None, "FILE"),
     Option("--known-defects", "known-defects file (default auto: conformance/versions/<version>/known-defects.toml "
            "of the DeepEP version under test; none: no known defects)", str, None, "FILE"),
     Option("--mutant", "plant a registered defect in the emulation (self-tests; see docs/mutation.md)", str, None,
@@ -201,8 +205,8 @@ def library_versions(specs: list[Any], deep_ep: str | None, emulation_version: s
     return out, emulation_version, notes
 
 
-def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, real_deep_ep: dict[str, Any]
-                    ) -> tuple[list[Any], list[str]]:
+def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, real_deep_ep: dict[str, Any],
+                    mutant: str | None = None) -> tuple[list[Any], list[str]]:
     """Read every plug-in's declaration (probed in a subprocess, with deep_ep resolved as on the ranks) and
     resolve its spec; :class:`SetupError` for a plug-in that does not import or declares nothing valid.
     Returns the specs and notes for the report header."""
@@ -222,7 +226,7 @@ def resolve_plugins(specs: list[Any], machine: Machine, deep_ep: str | None, rea
         if found is None:
             from conformance.backends.plugins import probe_in_subprocess  # imports torch: only for a plug-in
 
-            found = machine.plugins[spec.target] = probe_in_subprocess(spec.target, deep_ep)
+            found = machine.plugins[spec.target] = probe_in_subprocess(spec.target, deep_ep, mutant=mutant)
         if not found.get("importable"):
             hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
             raise SetupError(f"--backends {spec.target}: the plug-in does not load: {found.get('error')}{hint}")
@@ -377,7 +381,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
                 "it needs a CUDA world of at least 2 ranks")
             notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
     mode = f"emulation:{emulation_version}" if deep_ep == "emulation" and emulation_version else deep_ep
-    named, plugin_notes = resolve_plugins(list(named), machine, mode, machine.deep_ep)
+    named, plugin_notes = resolve_plugins(list(named), machine, mode, machine.deep_ep, v["mutant"])
     notes += plugin_notes
     named, emulation_version, version_notes = library_versions(named, deep_ep, emulation_version, machine.deep_ep)
     notes += version_notes

@@ -52,12 +52,22 @@ class ConformanceRun:
         self.emulation_probe: dict[str, Any] | None = None
         self.document: dict[str, Any] | None = None
         self.baseline: dict[str, Any] | None = None
+        self.accept: Any = None  # the accepted changes of the bump (--accept-bump), with --baseline
         self.session: Any = None
         #: What the JIT warm-up did (``conformance.harness.jit.warm_up``), once it ran.
         self.warm_up: dict[str, Any] | None = None
         self._sigterm_installed = False
         values = option_values(config.option)
         seed_note = None
+        if not self.is_worker and values["accept_bump"]:
+            if not values["baseline"]:
+                raise pytest.UsageError("--accept-bump lists accepted changes of a bump: it needs --baseline FILE")
+            from conformance.reporting.accept import load_acceptance
+
+            try:
+                self.accept = load_acceptance(values["accept_bump"])
+            except ValueError as exc:
+                raise pytest.UsageError(str(exc)) from None
         if not self.is_worker and values["baseline"]:
             self.baseline = self._load_baseline(values["baseline"])
             seed = self.baseline.get("environment", {}).get("seed")
@@ -347,7 +357,12 @@ class ConformanceRun:
                                    baseline=self.baseline, interrupted=interrupted,
                                    allow_partial=bool(self.config.option.allow_partial),
                                    write_baseline=self.write_baseline,
-                                   emulation_probe=self.emulation_probe)
+                                   emulation_probe=self.emulation_probe, accept=self.accept,
+                                   baseline_path=option_values(self.config.option)["baseline"])
+        if self.baseline is not None:  # the gate's verdict is the exit status (reporting.gate.exit_status)
+            from conformance.reporting.gate import exit_status
+
+            session.exitstatus = exit_status(bool(self.document.get("gate_failed")), int(session.exitstatus))
         if (self.document.get("gate_failed") or self.document.get("baseline_refused")) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -92,6 +92,19 @@ def _event_overlap_import_error() -> str | None:
     return f"deep_ep.utils has no {', '.join(missing)} (ImportError)" if missing else None
 
 
+def _flag_reason(flag: str) -> str:
+    """Why fused_a2a's import-time check behind ``flag`` fails with this deep_ep ('' when it cannot tell)."""
+    try:
+        deep_ep = importlib.import_module("deep_ep")
+    except ImportError as exc:
+        return f"import deep_ep: {exc}"
+    name = "ElasticBuffer" if flag == V2_FLAG else "Buffer"
+    if not hasattr(deep_ep, name):
+        return f"'from deep_ep import {name}' fails: this deep_ep has no {name}"
+    guard = _event_overlap_import_error() if flag == "HAVE_DEEP_EP" else None
+    return f"its guard 'from deep_ep.utils import EventHandle, EventOverlap' fails: {guard}" if guard else ""
+
+
 def private_copy(suffix: str) -> ModuleType:
     """A fresh copy of the installed ``fused_a2a`` (its own module globals: flags, ``_buffer``), executed under the
     name ``<MODULE>__<suffix>``, from the installed file, as it is."""
@@ -124,6 +137,30 @@ class MegatronFusedA2A(PluginBackend):
     family = "megatron-fused-a2a"
     #: Apply the deep_ep.utils.EventOverlap workaround before Megatron imports (the ``-shimmed`` backend only).
     shim = False
+    #: The flags of fused_a2a that make the path this backend drives use DeepEP (any of them).
+    path_flags: tuple[str, ...] = ("HAVE_DEEP_EP", V2_FLAG)
+
+    @classmethod
+    def checked_module(cls) -> Any:
+        """The fused_a2a whose import-time checks decide what this backend's path does."""
+        return importlib.import_module(MODULE)
+
+    @classmethod
+    def wrapper_checks(cls) -> dict[str, Any]:
+        """What fused_a2a checked at import (``HAVE_DEEP_EP``, ``HAVE_DEEP_EP_V2``, whether ``fused_dispatch`` is
+        ``None``) and whether this backend's path drives DeepEP with it (``PluginBackend`` declaration: the report
+        keeps it, the version gate compares it across the bump)."""
+        try:
+            module = cls.checked_module()
+        except Exception as exc:  # noqa: BLE001 - said as the reason it does not drive DeepEP
+            return {"checked": {}, "drives_deep_ep": False, "why": f"loading {MODULE} fails: {exc}"}
+        flags = {name: bool(getattr(module, name)) for name in ("HAVE_DEEP_EP", V2_FLAG) if hasattr(module, name)}
+        no_dispatch = getattr(module, "fused_dispatch", None) is None
+        drives = not no_dispatch and any(flags.get(flag) for flag in cls.path_flags)
+        reasons = [f"{flag} is False" + (f" ({why})" if (why := _flag_reason(flag)) else "")
+                   for flag in cls.path_flags if flag in flags and not flags[flag]]
+        why = "" if drives else "; ".join(reasons + (["fused_dispatch is None"] if no_dispatch else []))
+        return {"checked": {**flags, "fused_dispatch is None": no_dispatch}, "drives_deep_ep": drives, "why": why}
 
     def __init__(self, env: PluginEnv) -> None:
         super().__init__(env)
@@ -145,7 +182,8 @@ class MegatronFusedA2A(PluginBackend):
                                f"this rank")
         self.group = env.group
 
-    def load(self) -> Any:
+    @classmethod
+    def load(cls) -> Any:
         """The fused_a2a module this backend drives (the installed one)."""
         return importlib.import_module(MODULE)
 
@@ -207,12 +245,18 @@ class MegatronFusedA2AShimmed(MegatronFusedA2A):
 
     api = "v1"
     shim = True
+    path_flags = ("HAVE_DEEP_EP",)
     description = (f"Megatron-Core {_VERSION} {MODULE} with the workaround deep_ep.utils.EventOverlap = "
                    f"deep_ep.utils.event.EventOverlap (DeepEP 2.1.0 no longer exports it from deep_ep.utils): "
                    f"fused_dispatch / fused_combine and their autograd, over deep_ep.Buffer")
     family = "megatron-fused-a2a-shimmed"
 
-    def load(self) -> Any:
+    @classmethod
+    def checked_module(cls) -> Any:
+        return cls.load()
+
+    @classmethod
+    def load(cls) -> Any:
         """The installed module, imported (again) while ``deep_ep.utils.EventOverlap`` exists; its V2 path, if it has
         one, switched off (this backend checks the released 0.16.1's Buffer path)."""
         if _event_overlap_import_error() is None:
@@ -237,22 +281,34 @@ class MegatronFusedA2AV1(MegatronFusedA2A):
     copy of ``fused_a2a``: what a user of this Megatron gets without DeepEP V2."""
 
     api = "v1"
+    path_flags = ("HAVE_DEEP_EP",)
     description = (f"Megatron-Core {_VERSION} {MODULE}, its legacy path forced ({V2_FLAG} = False): "
                    f"fused_dispatch / fused_combine and their autograd over deep_ep.Buffer")
 
-    def load(self) -> Any:
+    @classmethod
+    def load(cls) -> Any:
         module = private_copy("v1")
         setattr(module, V2_FLAG, False)  # every call site reads the flag at call time
         return module
 
 
-def _v2_path_missing() -> str | None:
-    """Why ``megatron-fused-a2a-v2`` cannot run here (read before any rank starts), or ``None``."""
+def _no_v2_path() -> str | None:
+    """Why ``megatron-fused-a2a-v2`` cannot be selected at all (read before any rank starts): the installed Megatron
+    has no V2 path; or ``None``."""
     module = importlib.import_module(MODULE)
     if not hasattr(module, V2_FLAG):
         return (f"Megatron-Core {_VERSION}'s {MODULE} has no DeepEP V2 path (no {V2_FLAG}): install a Megatron with "
                 f"one (e.g. megatron-core {TESTED_VERSION} with ../shared/clients/megatron-seed-pr/"
                 f"fused_a2a-deepep-v2.patch applied), or select megatron-fused-a2a / megatron-fused-a2a-v1")
+    return None
+
+
+def _v2_path_missing() -> str | None:
+    """Why the V2 path does not run here (:func:`_no_v2_path`, or its flag is False with this deep_ep), or ``None``."""
+    missing = _no_v2_path()
+    if missing is not None:
+        return missing
+    module = importlib.import_module(MODULE)
     if not getattr(module, V2_FLAG):
         return (f"{MODULE} has a DeepEP V2 path but does not take it here ({V2_FLAG} is False: 'from deep_ep import "
                 f"ElasticBuffer' fails with this deep_ep)")
@@ -263,15 +319,20 @@ class MegatronFusedA2AV2(MegatronFusedA2A):
     """The installed Megatron's DeepEP V2 (``ElasticBuffer``) path, in a private copy of ``fused_a2a``."""
 
     api = "v2"
+    path_flags = (V2_FLAG,)
     description = (f"Megatron-Core {_VERSION} {MODULE}, its DeepEP V2 path ({V2_FLAG}): fused_dispatch / "
                    f"fused_combine and their autograd over deep_ep.ElasticBuffer")
 
     @staticmethod
     def unavailable() -> str | None:
-        """Read by the controller's probe: a reason stops the run with one line (``PluginBackend.unavailable``)."""
-        return _v2_path_missing()
+        """Read by the controller's probe: a reason stops the run with one line (``PluginBackend.unavailable``): a
+        Megatron with no V2 path.  One whose V2 path is not taken with this deep_ep (``HAVE_DEEP_EP_V2`` False, as
+        on DeepEP 2.5.0, which has no ``ElasticBuffer``) runs and fails on construction saying so: that is a finding
+        about the wrapper (the gate reports it with ``wrapper_checks``), not a set-up mistake."""
+        return _no_v2_path()
 
-    def load(self) -> Any:
+    @classmethod
+    def load(cls) -> Any:
         reason = _v2_path_missing()
         if reason is not None:
             raise RuntimeError(reason)

@@ -24,15 +24,18 @@ from conformance.core.api_coverage import per_property_calls, report_section
 from conformance.core.ids import sort_key
 from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
-from conformance.reporting.gate import compare
+from conformance.reporting.accept import Acceptance
+from conformance.reporting.bump import explain
+from conformance.reporting.bump import markdown as bump_markdown
+from conformance.reporting.bump import terminal_lines as bump_terminal_lines
 from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, pair_legend, short_column
 from conformance.reporting.migration import markdown as migration_markdown
 from conformance.reporting.migration import migrations
 from conformance.reporting.migration import summary as migration_summary
+from conformance.reporting.schema import SCHEMA
 from conformance.world.launcher import describe_engine
 
 USER_PROPERTY = "conformance"
-SCHEMA = 3
 #: Column verdicts, worst first (harness.verdicts).
 VERDICT_ORDER = ("failed", "known-defect", "divergence", "unsupported", "passed")
 __all__ = ["SCHEMA", "STATUSES", "USER_PROPERTY", "PropertyEntry", "entry_from_report", "finish_run", "markdown",
@@ -292,6 +295,16 @@ def backend_entry(spec: Any, config: RunConfig) -> dict[str, Any]:
             "family": spec.family or spec.name}
 
 
+def with_role(entry: dict[str, Any], spec: Any, config: RunConfig) -> dict[str, Any]:
+    """A backend's entry with what the version gate matches and compares it by (schema 4): its ``contract`` (V1 /
+    V2, whatever its class is called in its version) and, for a plug-in, ``wrapper``: what the wrapper checked to
+    decide whether it drives DeepEP (its declaration's ``wrapper_checks()``, read by the plug-in probe)."""
+    entry["contract"] = "V1" if spec.api == "v1" else "V2"
+    if spec.plugin:
+        entry["wrapper"] = (config.plugin_probes.get(spec.target) or {}).get("wrapper")
+    return entry
+
+
 def _failure_message(report: Any) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
@@ -317,7 +330,7 @@ def environment(config: RunConfig, probes: dict[str, Any], seed: int | None) -> 
         "python": platform.python_version(),
         "platform": platform.platform(),
         "deep_ep": real.get("version") or ("installed" if real.get("importable") else None),
-        "backends": [backend_entry(b, config) for b in config.backends],
+        "backends": [with_role(backend_entry(b, config), b, config) for b in config.backends],
         "deep_ep_alias": config.deep_ep,
         # the DeepEP version the run tests (its contract: conformance/versions/), and the one the emulation models
         "library_version": getattr(config, "library_version", None),
@@ -482,6 +495,10 @@ def write_reports(report_dir: str, document: dict[str, Any]) -> dict[str, Any]:
     json_path = os.path.join(report_dir, f"{name}.json")
     document["path"] = json_path
     document["markdown"] = os.path.join(report_dir, f"{name}.md")
+    if document.get("gate", {}).get("bump"):
+        document["bump"] = os.path.join(report_dir, "bump.md" if name == "conformance" else f"{name}.bump.md")
+        with open(document["bump"], "w") as f:
+            f.write(bump_markdown(document["gate"]["bump"]))
     with open(document["markdown"], "w") as f:
         f.write(markdown(document))
     from conformance.reporting.html import write_html
@@ -529,12 +546,15 @@ def finish_run(
     write_baseline: str | None = None,
     emulation_probe: dict[str, Any] | None = None,
     jit: dict[str, Any] | None = None,
+    accept: Acceptance | None = None,
+    baseline_path: str | None = None,
 ) -> dict[str, Any]:
     """Build, gate and write the run's report (controller, end of the session); store it as a baseline at
     ``write_baseline``; append the verdict matrix to ``$GITHUB_STEP_SUMMARY`` when that is set.
 
     ``emulation_probe``: :func:`~conformance.core.probe.probe_module` of ``conformance.emulation`` as a worker
-    found it (``None``: probe it here)."""
+    found it (``None``: probe it here).  With a ``baseline``: the gate (section ``gate``, with the explanation of
+    the bump, ``gate.bump``, also written as ``bump.md``); ``accept``: the accepted changes (``--accept-bump``)."""
 
     catalog_ids = _catalog_ids()
 
@@ -550,11 +570,14 @@ def finish_run(
     if jit is not None:
         document["jit"] = jit
     if baseline is not None:
-        gate = {"baseline": baseline.get("environment", {}), **compare(baseline, document)}
-        if not document["complete"] and not allow_partial:
-            gate["regressions"].insert(0, f"This run is partial ({document['incomplete_reason']}): the version gate "
-                                          f"needs a complete run; pass --allow-partial to compare anyway.")
-        document["gate"] = gate
+        blocking = [] if document["complete"] or allow_partial else [
+            f"This run is partial ({document['incomplete_reason']}): the version gate needs a complete run; pass "
+            f"--allow-partial to compare anyway."]
+        bump = explain(baseline, document, accept, baseline_path=baseline_path, blocking=blocking)
+        document["gate"] = {"baseline": baseline.get("environment", {}), "regressions": bump["regressions"],
+                            "improvements": bump["improvements"], "additions": bump["additions"],
+                            "still_failing": bump["still_failing"], "findings": bump["findings"],
+                            "accepted": bump["accepted"], "accept_file": bump["accept_file"], "bump": bump}
     write_reports(report_dir, document)
     summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary_file:
@@ -568,7 +591,7 @@ def finish_run(
     if write_baseline:
         if document["complete"] or allow_partial:
             os.makedirs(os.path.dirname(os.path.abspath(write_baseline)), exist_ok=True)
-            stored = {k: v for k, v in document.items() if k not in ("gate", "gate_failed")}
+            stored = {k: v for k, v in document.items() if k not in ("gate", "gate_failed", "bump")}
             with open(write_baseline, "w") as f:
                 json.dump(stored, f, indent=2, default=str)
             document["baseline_written"] = write_baseline
@@ -586,7 +609,9 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
     columns, rows = matrix_rows(document)
     width = max([20] + [len(short_column(c)) for c in columns]) + 2
     header = f"{'property':<26}{'status':<14}" + "".join(f"{short_column(c):<{width}}" for c in columns)
-    lines: list[tuple[str, dict[str, bool]]] = [(header, {"bold": True})]
+    bump = (document.get("gate") or {}).get("bump")
+    lines: list[tuple[str, dict[str, bool]]] = bump_terminal_lines(bump, document.get("bump")) if bump else []
+    lines.append((header, {"bold": True}))
     for p, cells in rows:
         text = f"{p['id'][:25]:<26}{p['status']:<14}"
         for column, (verdict, _) in zip(columns, cells, strict=True):
@@ -629,13 +654,17 @@ def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]
         for line in gate["improvements"]:
             lines.append((f"gate: {line}", {}))
         lines.append((f"version gate: {len(gate['regressions'])} regression(s), {len(gate['improvements'])} "
-                      f"improvement(s), {len(gate.get('additions', []))} addition(s)",
+                      f"improvement(s), {len(gate.get('additions', []))} addition(s)"
+                      + (f", {len(gate['accepted'])} accepted change(s)" if gate.get("accepted") else "")
+                      + (f", {len(gate['still_failing'])} failure(s) of the baseline still there (not the bump's)"
+                         if gate.get("still_failing") else ""),
                       {"red": bool(gate["regressions"])}))
     if document.get("kept_complete_report"):
         lines.append((f"partial report written beside the complete one ({document['kept_complete_report']}, kept)",
                       {"yellow": True}))
     lines.append((f"conformance report: {document['path']} (also .md"
-                  + (", .html" if document.get("html") else "") + ")", {}))
+                  + (", .html" if document.get("html") else "") + ")"
+                  + (f"; the bump explained: {document['bump']}" if document.get("bump") else ""), {}))
     if document.get("html_note"):
         lines.append((f"html report: {document['html_note']}", {"yellow": True}))
     if document.get("baseline_written"):
@@ -704,7 +733,9 @@ def step_summary(document: dict[str, Any]) -> str:
     lines += markdown_matrix(document)
     gate = document.get("gate")
     if gate is not None:
-        lines += ["", f"**Version gate: {'FAILED' if gate['regressions'] else 'passed'}**", ""]
+        bump = gate.get("bump")
+        lines += ["", f"**Version gate: {'FAILED' if gate['regressions'] else 'passed'}**"
+                  + (f" ({bump['verdict']['text']})" if bump else ""), ""]
         lines += [f"- {r}" for r in gate["regressions"]]
     return "\n".join(lines) + "\n\n"
 
@@ -717,10 +748,12 @@ def markdown(document: dict[str, Any]) -> str:
     if document.get("complete") is False:
         top.append(f"**Partial run: {document['incomplete_reason']}.** Not run: {', '.join(document['not_run'])}.")
     backends = ", ".join(f"{b['name']} ({_kind(b)})" for b in env["backends"])
+    bump = (document.get("gate") or {}).get("bump")
     lines = [
         "# DeepEP conformance report",
         "",
         *[line for text in top for line in (text, "")],
+        *(_bump_section(bump, document.get("bump")) if bump else []),
         f"- backends: {backends}",
         f"- world: {env['nodes']} node(s) x {env['ranks_per_node']} rank(s), device {env['device']}",
         f"- launcher: {env.get('launcher')}; rendezvous: {env.get('rendezvous')}; hosts: "
@@ -785,6 +818,14 @@ def markdown(document: dict[str, Any]) -> str:
         lines += [f"- reported {i}" for i in gate["improvements"]]
         lines += [f"- added {a}" for a in gate.get("additions", [])]
     return "\n".join(lines) + "\n"
+
+
+def _bump_section(bump: dict[str, Any], path: str | None) -> list[str]:
+    """The bump, first in the Markdown report: bump.md's text one heading level down."""
+    text = bump_markdown(bump).replace("\n## ", "\n### ").replace("\n### Accepted", "\n#### Accepted")
+    body = text.split("\n", 1)[1].strip()
+    title = f"## The bump {bump['before']['deep_ep']} -> {bump['after']['deep_ep']}"
+    return [title, "", *([f"(Also `{path}`, to paste into a PR.)", ""] if path else []), body, ""]
 
 
 def _coverage_lines(document: dict[str, Any]) -> list[str]:
