@@ -232,19 +232,21 @@ CATALOG_ARGS = ("--rank-setup shared --device cuda --nodes 1 --backends real-v1,
                 "--max-examples 25")
 
 
-def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit_s: float) -> dict[str, Any]:
+def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit_s: float,
+            profile: bool = False) -> dict[str, Any]:
     """The whole catalog as ``args`` says (one run: it is long), its JIT cache at ``jit_cache`` (``fresh``: emptied
     first: a cold run): wall time, examples, examples/s after the warm-up, the JIT's kernels and share of the wall,
     per property its examples/s; the run's report stays in ``report_dir`` (``limit_s``: SIGTERM then, the run writes
-    its partial report).  The rank profiles (``CONFORMANCE_PROFILE_DIR``): what dominates the rank time."""
+    its partial report).  ``profile``: the rank profiles (``CONFORMANCE_PROFILE_DIR``, cProfile: it slows the ranks),
+    what dominates the rank time; without it the report's per-property wall times say where the time went."""
     import shutil
 
     from conformance.world.rank import PROFILE_ENV
 
     if fresh:
         shutil.rmtree(jit_cache, ignore_errors=True)
-    profile_dir = tempfile.mkdtemp(prefix="catalog-profile-")
-    env = {**_env(), "EP_JIT_CACHE_DIR": jit_cache, PROFILE_ENV: profile_dir}
+    profile_dir = tempfile.mkdtemp(prefix="catalog-profile-") if profile else ""
+    env = {**_env(), "EP_JIT_CACHE_DIR": jit_cache, **({PROFILE_ENV: profile_dir} if profile else {})}
     start = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={report_dir}",
                              *args], cwd=ROOT, env=env)
@@ -255,8 +257,8 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
         code = proc.wait(timeout=120)
     wall = time.monotonic() - start
     # run 21a on one H200: the call's limit came after pytest's end, with no word of what the benchmark was doing
-    print(f"benchmarks catalog: pytest ended after {wall:.0f} s (exit {code}); reading its report and the rank "
-          f"profiles in {profile_dir}", flush=True)
+    print(f"benchmarks catalog: pytest ended after {wall:.0f} s (exit {code}); reading its report"
+          + (f" and the rank profiles in {profile_dir}" if profile else ""), flush=True)
     report = json.loads((Path(report_dir) / "conformance.json").read_text())
     jit = report.get("jit") or {}
     warm = (jit.get("warm_up") or {}).get("wall_s", 0.0)
@@ -270,7 +272,9 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
             "median_examples_per_s_per_property": round(statistics.median(rates.values()), 2) if rates else None,
             "jit": {k: jit.get(k) for k in ("kernels", "compiles", "compile_s", "busy_s", "share", "by_kernel")},
             "warm_up_s": warm, "jit_cache": "cold (emptied first)" if fresh else "warm (kept)",
-            "rank_profile": _timed("rank profiles read", rank_profile_shares, profile_dir),
+            "rank_profile": _timed("rank profiles read", rank_profile_shares, profile_dir) if profile else
+            {"skipped": "the ranks were not profiled (--profile-ranks)"},
+            "per_property_wall_s": {p["id"]: p["wall_s"] for p in ran},
             "command": "pytest " + " ".join(args)}
 
 
@@ -339,8 +343,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mutation-args", default="--jobs 2 --first-kill --order-from docs/kill-matrix.json",
                    help="options of the kill-matrix run")
     p.add_argument("--profile-ranks", action="store_true",
-                   help="profile the ranks (cProfile) during the per-property figures and report the share of their "
-                        "time in synchronisation and copies (slows those figures: they are marked profiled)")
+                   help="profile the ranks (cProfile) during the per-property figures and the catalog run, and report "
+                        "the share of their time in synchronisation and copies (slows those figures: they are marked "
+                        "profiled)")
     p.add_argument("--catalog-args", default=CATALOG_ARGS, help="the catalog figure's pytest arguments")
     p.add_argument("--catalog-report", default="reports/catalog", help="where the catalog figure's run reports")
     p.add_argument("--jit-cache", default=os.environ.get("EP_JIT_CACHE_DIR", "/tmp/deep_ep_jit"),
@@ -407,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             value = xdist_scaling(args.long_reps)
         elif figure == "catalog":
             value = catalog(args.catalog_args.split(), args.catalog_report, args.jit_cache, args.cold,
-                            args.catalog_limit)
+                            args.catalog_limit, args.profile_ranks)
         else:
             value = mutation_matrix(args.mutation_args.split())
         results["figures"][figure] = {**value, "took_s": round(time.monotonic() - start, 1)} \
