@@ -125,7 +125,8 @@ class ConformanceRun:
         from types import SimpleNamespace
 
         values = {**vars(option), **resolved["options"]}
-        machine = Machine(tuple(resolved["gpus"]), {"importable": True}, dict(resolved.get("plugins") or {}))
+        machine = Machine(tuple(resolved["gpus"]), dict(resolved.get("deep_ep_probe") or {"importable": True}),
+                          dict(resolved.get("plugins") or {}))
         index = int(workerinput.get("workerid", "gw0").removeprefix("gw"))
         return build_run_config(SimpleNamespace(**values), machine, worker=index, workers=resolved["workers"])
 
@@ -149,8 +150,10 @@ class ConformanceRun:
         run = self.run
         node.workerinput[WORKER_INPUT] = {
             "options": {"backends": ",".join(b.name for b in run.backends), "device": run.device,
-                        "conformance_seed": run.seed, "deep_ep": run.deep_ep},
+                        "conformance_seed": run.seed, "deep_ep": run.deep_ep_mode},  # emulation:VERSION
             "plugins": run.plugin_probes,
+            # what the real deep_ep's probe found (its version and classes: the contract of the real backends)
+            "deep_ep_probe": run.deep_ep_probe,
             "gpus": list(_gpus_for_workers(run)),
             "workers": getattr(self.config.option, "numprocesses", 1) or 1,
         }
