@@ -22,11 +22,13 @@ def _up(value: int, to: int) -> int:
     return -(-value // to) * to
 
 
-def token_bytes(payload: int, scales: int, num_topk: int, with_source: bool) -> int:
+def token_bytes(payload: int, scales: int, num_topk: int, with_source: bool, align: int = 1) -> int:
     """One token of a buffer layout: the payload, the scales, then per top-k slot an int index and a float weight
-    (plus, for dispatch, the int source index and one int per slot for the linked list), each part TMA-aligned."""
+    (plus, for dispatch, the int source index and one int per slot for the linked list), each part TMA-aligned; the
+    whole rounded up to ``align`` (DeepEP 2.5.0 aligns a token to 64 RDMA bytes: deep_ep/include/deep_ep/layout/ep/
+    token.cuh:34-37; 2.1.0 does not: 1)."""
     metadata = num_topk * 8 + (4 * (1 + num_topk) if with_source else 0)
-    return _up(payload, TMA_BYTES) + _up(scales, TMA_BYTES) + _up(metadata, TMA_BYTES)
+    return _up(_up(payload, TMA_BYTES) + _up(scales, TMA_BYTES) + _up(metadata, TMA_BYTES), align)
 
 
 def logical_domains(num_nodes: int, ranks_per_node: int, allow_hybrid_mode: bool) -> tuple[int, int, bool]:
@@ -39,14 +41,14 @@ def logical_domains(num_nodes: int, ranks_per_node: int, allow_hybrid_mode: bool
 
 
 def _buffers(num_max_tokens: int, hidden: int, num_topk: int, use_fp8_dispatch: bool, allow_multiple_reduction: bool,
-             scaleout: int, scaleup: int, nvlink: bool) -> dict[str, list[tuple[int, int, int]]]:
+             scaleout: int, scaleup: int, nvlink: bool, align: int = 1) -> dict[str, list[tuple[int, int, int]]]:
     """Per layout ("dispatch", "combine"): its buffers as (slots, tokens per slot, bytes per token)."""
     n, ranks = num_max_tokens, scaleout * scaleup
     if use_fp8_dispatch:  # one byte per element, ceil(hidden / 32) float scale packs (the library's approximation)
-        dispatch_token = token_bytes(hidden, 4 * -(-hidden // 32), num_topk, True)
+        dispatch_token = token_bytes(hidden, 4 * -(-hidden // 32), num_topk, True, align)
     else:
-        dispatch_token = token_bytes(2 * hidden, 0, num_topk, True)
-    combine_token = token_bytes(2 * hidden, 0, num_topk, False)
+        dispatch_token = token_bytes(2 * hidden, 0, num_topk, True, align)
+    combine_token = token_bytes(2 * hidden, 0, num_topk, False, align)
     amr = allow_multiple_reduction
     if scaleout == 1:  # direct mode: a send buffer only where the scale-up domain is not NVLink
         return {
@@ -65,13 +67,13 @@ def _buffers(num_max_tokens: int, hidden: int, num_topk: int, use_fp8_dispatch: 
 
 def expected_buffer_size(num_max_tokens: int, hidden: int, num_topk: int, *, use_fp8_dispatch: bool,
                          allow_hybrid_mode: bool, allow_multiple_reduction: bool, num_nodes: int,
-                         ranks_per_node: int) -> int:
+                         ranks_per_node: int, token_align: int = 1) -> int:
     """``get_buffer_size_hint(group, num_max_tokens, hidden, num_topk, use_fp8_dispatch, allow_hybrid_mode,
     allow_multiple_reduction)`` on ``num_nodes`` x ``ranks_per_node`` ranks (``num_topk=0`` sizes for 32 slots,
-    the kernels' maximum)."""
+    the kernels' maximum; ``token_align``: the version's token alignment, see :func:`token_bytes`)."""
     num_topk = num_topk or 32
     scaleout, scaleup, nvlink = logical_domains(num_nodes, ranks_per_node, allow_hybrid_mode)
     layouts = _buffers(num_max_tokens, hidden, num_topk, use_fp8_dispatch, allow_multiple_reduction, scaleout,
-                       scaleup, nvlink)
+                       scaleup, nvlink, token_align)
     largest = max(sum(slots * tokens * size for slots, tokens, size in buffers) for buffers in layouts.values())
     return _up(largest, ALIGNMENT)

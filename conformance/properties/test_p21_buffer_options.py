@@ -104,14 +104,15 @@ def check_run(ctx: CheckContext, case: BufferOptionsCase, rank: int, backend: st
             f"{rank}, expected the num_bytes {result.num_bytes} of the buffer built with the same settings "
             f"[{result.call}]")
     if amr and do_expand is False:  # once per rank: the hints do not depend on the run
-        check_size_hints(case, hints, rank, backend, shape)
+        check_size_hints(case, hints, rank, backend, shape, ctx.contract(backend))
 
 
 def check_size_hints(case: BufferOptionsCase, hints: dict[tuple[str, bool, bool, bool], int], rank: int, backend: str,
-                     shape: Any) -> None:
+                     shape: Any, contract: Any) -> None:
     """Every ``get_buffer_size_hint`` option, for the example's shape and the case's production-sized one, equals
-    the oracle of the library's formula (:func:`conformance.oracle.buffer_size.expected_buffer_size`), and is never
-    smaller without ``allow_multiple_reduction`` (unreduced rows need more room)."""
+    the oracle of the library's formula (:func:`conformance.oracle.buffer_size.expected_buffer_size`) with the token
+    alignment of the backend's DeepEP version (``contract``: its rule ``token_rdma_align``), and is never smaller
+    without ``allow_multiple_reduction`` (unreduced rows need more room)."""
     __tracebackhide__ = True
     example = case.example
     shapes = {"example": (example.num_max_tokens_per_rank, example.hidden, example.num_topk),
@@ -122,10 +123,12 @@ def check_size_hints(case: BufferOptionsCase, hints: dict[tuple[str, bool, bool,
                 f"use_fp8_dispatch={fp8}, allow_hybrid_mode={hybrid}, allow_multiple_reduction={amr}) on rank {rank}")
         expected = expected_buffer_size(tokens, hidden, topk, use_fp8_dispatch=fp8, allow_hybrid_mode=hybrid,
                                         allow_multiple_reduction=amr, num_nodes=shape.nodes,
-                                        ranks_per_node=shape.ranks_per_node)
+                                        ranks_per_node=shape.ranks_per_node,
+                                        token_align=int(contract.rule("token_rdma_align", 1)))
         assert_value_equal("the size hint", got, expected, call=call,
                            why=f"the larger of the dispatch and combine layouts, 2 MiB aligned, on {shape.nodes} "
-                               f"node(s) of {shape.ranks_per_node} ranks (csrc/elastic/buffer.hpp:586-680)")
+                               f"node(s) of {shape.ranks_per_node} ranks, DeepEP {contract.version}'s token layout "
+                               f"(2.1.0: csrc/elastic/buffer.hpp:586-680; 2.5.0: csrc/buffers/ep.hpp:183-282)")
         if not amr and got < hints[(name, fp8, hybrid, True)]:
             raise AssertionError(
                 f"get_buffer_size_hint is {got} without allow_multiple_reduction, {hints[(name, fp8, hybrid, True)]} "
