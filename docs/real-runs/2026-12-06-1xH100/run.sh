@@ -3,8 +3,8 @@
 # the checkout on the accelerator machine; carry .deepep-kit (and .mcore for the megatron parts: prepare.sh of
 # 2026-12-03-1xH200 makes both).
 #
-#   PARTS="catalog21" bash docs/real-runs/2026-12-06/run.sh
-#   PARTS="megatron21 record25 catalog25 megatron25" bash docs/real-runs/2026-12-06/run.sh
+#   PARTS="catalog21" bash docs/real-runs/2026-12-06-1xH100/run.sh
+#   PARTS="megatron21 record25 catalog25 megatron25" bash docs/real-runs/2026-12-06-1xH100/run.sh
 #
 # Parts (each writes $OUT/<part>/...; the device tool brings back 8 files per call, 2 folders deep):
 #   catalog21   the whole catalog on real-v1,real-v2,emulated-v1,emulated-v2, 25 examples, a cold kernel cache, through
@@ -13,8 +13,8 @@
 #   warm21      the same on the kernel cache catalog21 left (issue 37's warm figure; the machine kept warm)
 #   megatron21  the seed PR's Megatron, both paths beside real-v2, $MEG_FILES at 3 examples, on 2.1.0, writing the
 #               wrapper's baseline ($OUT/megatron/...)
-#   record25    fixtures/record.py on DeepEP 2.5.0: the V2 cases, the bad calls, the V2 sections, v2_contract; its API
-#               surface ($OUT/record25/rec.tgz)
+#   record25    fixtures/record.py on DeepEP 2.5.0: v2_contract and the V2 sections ($SECTIONS; the cases and the bad
+#               calls were recorded in run 25), its API surface ($OUT/record25/rec.tgz)
 #   catalog25   the whole catalog on DeepEP 2.5.0 (real-v1,real-v2,emulated-v1,emulated-v2; the emulated ones follow
 #               the real version), 10 examples, --baseline the catalog21 baseline: the bump explained
 #               ($OUT/catalog25/{conformance.json,conformance.md,bump.md,log.txt})
@@ -25,8 +25,9 @@ cd "$(dirname "$0")/../../.."
 export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
-HERE=docs/real-runs/2026-12-06
-BASELINE21=${BASELINE21:-$HERE/24a-catalog21/baseline.json}
+HERE=docs/real-runs/2026-12-06-1xH100
+# the 2.1.0 report the 2.5.0 run is gated against (run 24a's was partial: --allow-partial), relative or absolute
+BASELINE21=$(realpath "${BASELINE21:-$HERE/24a-catalog21/conformance.json}")
 MEG_FILES=${MEG_FILES:-"conformance/properties/test_p01_payloads.py conformance/properties/test_p05_combine.py conformance/properties/test_p07_cached_dispatch.py conformance/properties/test_p09_gradients.py"}
 started=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -81,14 +82,14 @@ for part in ${PARTS:?PARTS: the parts to run}; do
       python3 -c "import json; from conformance.core.api_surface import surface_of; print(json.dumps(surface_of('deep_ep'), indent=1))" \
         > /tmp/rec25-api-surface.json
       timeout -s TERM -k 30 "${T:-200}" python3 fixtures/record.py --out /tmp/rec25 --nproc 2 --rank-setup shared \
-        --section-timeout 100 --sections "${SECTIONS:-meta,v2_contract,cases,errors,v2_dispatch_options,v2_single_reduction,v2_fp8_dispatch,integrator_calls,cuda_graphs,capture_build}" \
+        --section-timeout 100 --sections "${SECTIONS:-meta,v2_contract,v2_dispatch_options,v2_single_reduction,v2_fp8_dispatch,integrator_calls,cuda_graphs,capture_build}" \
         2>&1 | tee /tmp/rec25-log.txt | tail -n 40
       cp /tmp/rec25-api-surface.json /tmp/rec25-log.txt /tmp/rec25/ 2>/dev/null
       tar czf "$OUT/record25/rec.tgz" -C /tmp rec25 ;;
     catalog25)
       use_25
       run_pytest catalog25 "${T:-300}" --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 10 \
-        --conformance-seed 2606 --allow-partial --baseline "$PWD/$BASELINE21" ;;
+        --conformance-seed 2606 --allow-partial --baseline "$BASELINE21" ;;
     megatron25)
       use_25; megatron_path
       run_pytest megatron25 "${T:-100}" --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v2 --deep-ep real \
