@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
+from conformance.backends.public import release
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView, V2Layout
@@ -44,7 +45,7 @@ class ElasticAdapter(AdapterBase):
             return self._buffers[key]
         while len(self._buffers) >= MAX_LIVE_BUFFERS:
             _, old = self._buffers.popitem(last=False)
-            old.destroy()
+            release(old)
         self._buffers[key] = self.module.ElasticBuffer(
             self.group,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
@@ -77,7 +78,7 @@ class ElasticAdapter(AdapterBase):
         """Destroy every buffer (before the process group goes away)."""
         while self._buffers:
             _, buffer = self._buffers.popitem()
-            buffer.destroy()
+            release(buffer)
 
     def reduction_group(self, raw: Raw) -> int:
         """Hybrid mode with ``allow_multiple_reduction`` rounds each scale-out node's sum first; otherwise

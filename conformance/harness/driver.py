@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
+from conformance.core.raisers import SuiteError
 from conformance.harness.faults import BudgetExhausted, KnownDefectStop, describe_cause
 from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
 from conformance.properties import NotApplicable, Property
@@ -86,9 +87,10 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         started = time.monotonic()
         try:
             session.check(property_id, case)
-        except RankFailure as failure:
-            if not failure.in_step:  # a crash, a hang, or a raise that left the ranks out of step: a world restart
-                budget.charge(failure, case, time.monotonic() - started)
+        except (RankFailure, SuiteError) as failure:
+            world = failure if isinstance(failure, RankFailure) else failure.__cause__  # a suite error on the ranks
+            if isinstance(world, RankFailure) and not world.in_step:  # a crash, a hang, or a raise that left the
+                budget.charge(world, case, time.monotonic() - started)  # ranks out of step: a world restart
             raise
         finally:
             session.progress(property_id, recorder.examples)

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hypothesis.errors import HypothesisException
 
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
+from conformance.core.raisers import SuiteError
 from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
@@ -57,6 +59,8 @@ class Recorder:
     #: calls: a node or rank lost while idle, or a fault surfacing after the last example); never silent
     world_lost: str | None = None
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
+    #: the first suite error (the suite's own code raised while checking): the property's status is ``suite-error``
+    suite_error: str | None = None
     #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
     #: for this property (``backends.tracing``; collected at its end: :meth:`Session.collect_api_calls`)
     api_calls: set[tuple[Any, ...]] = field(default_factory=set)
@@ -85,6 +89,7 @@ class Recorder:
             "stopped": self.stopped,
             "world_lost": self.world_lost,
             "failure_detail": self.failure_detail,
+            "suite_error": self.suite_error,
             "api_calls": calls_as_json(self.api_calls),
             "wall_s": round(time.monotonic() - self.started, 3),
         }
@@ -173,7 +178,8 @@ class Session:
         for b in self.config.backends:
             reason = prop.applies_to(b.api, b.capabilities, b.name)
             if reason is not None:
-                out[b.name] = reason
+                why = [w for w in (b.why_lacks(need) for need in prop.needs) if w] if b.api in prop.apis else []
+                out[b.name] = reason + "".join(f" ({w})" for w in dict.fromkeys(why))
         return out
 
     def settings_for(self, prop: Property, include_broken: bool = False) -> TaskSettings:
@@ -223,6 +229,8 @@ class Session:
             blame = self._blame(failure, settings.names)
             if isinstance(failure, RankRaised) and failure.in_step:
                 self._check_the_others(prop, settings, case, blame)
+            if isinstance(failure, RankFailure) and failure.suite:
+                self.suite_error(blame, failure)
             message = str(failure)
             entry = self.known_defects.match(property_id, blame, case, message)
             if entry is not None:
@@ -241,10 +249,29 @@ class Session:
             tally.failed(self._blame(failure, settings.names))
             self._note_failure(failure)
             raise
+        except HypothesisException:
+            raise
+        except Exception as exc:  # the controller's own check code raised (an oracle, a helper): a suite error
+            self.suite_error(self._blame(exc, settings.names), exc)
         checked = tuple(b for b in settings.names if b not in tally.excluded)
         for entry in self.known_defects.reached(property_id, checked, case):
             recorder.known_defect_seen(entry, case, "held")
         tally.held()
+
+    def suite_error(self, blame: tuple[str, ...], error: BaseException) -> None:
+        """The suite's own code raised while checking ``blame`` (on a rank: ``RankFailure.suite``; here: any exception
+        of a check that is not an assertion): counted as a suite error of those columns, never their failure nor a
+        pass, and raised as :class:`~conformance.core.raisers.SuiteError` (the property test fails, the run exits
+        non-zero, the kill matrix says ``error``)."""
+        self.recorder.tally.suite_error(blame)
+        where = (f" at {error.suite[min(error.suite)]} (rank {min(error.suite)})"
+                 if isinstance(error, RankFailure) and error.suite else "")
+        message = (f"SUITE ERROR{where} while checking {', '.join(blame) or 'the example'}: the suite's own code "
+                   f"raised {type(error).__name__}; no verdict on the backend(s) for this example.\n{error}")
+        if self.recorder.suite_error is None:
+            self.recorder.suite_error = message[:4000]
+        self._note_failure(error)
+        raise SuiteError(message) from error
 
     def _check_the_others(self, prop: Property, settings: TaskSettings, case: Any, blame: tuple[str, ...]) -> None:
         """A backend's call raised in step (the world is intact): the task ended on every rank before the other
@@ -263,7 +290,10 @@ class Session:
         except (AssertionError, RankRaised) as other:
             if isinstance(other, RankRaised) and not other.in_step:
                 raise
-            tally.failed(self._blame(other, names))
+            if isinstance(other, RankRaised) and other.suite:
+                tally.suite_error(self._blame(other, names))
+            else:
+                tally.failed(self._blame(other, names))
         else:
             tally.held()
         tally.start(blame, [])

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from hypothesis import settings
+from hypothesis.errors import HypothesisException
 
 from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
 from conformance.properties import Property
@@ -58,12 +59,20 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
             per_rank = session.world.run(stateful.step_task, task_settings, (case, index),
                                          timeout=config.example_timeout_s)
             stateful.check_step(session, case, index, per_rank)
-        except (AssertionError, RankRaised) as failure:
+        except RankFailure as failure:
+            if failure.suite:  # the suite's own code raised on the ranks: a suite error, no verdict
+                if not failure.in_step:
+                    session.budget.charge(failure, case, time.monotonic() - state["started"])
+                session.suite_error(session._blame(failure, task_settings.names), failure)
+            fail(failure, case, budgeted=not isinstance(failure, RankRaised))  # a crash or hang: a rebuilt world
+            raise
+        except AssertionError as failure:
             fail(failure, case, budgeted=False)
             raise
-        except RankFailure as failure:  # a crash or hang: the world is rebuilt on the next use
-            fail(failure, case, budgeted=True)
+        except HypothesisException:
             raise
+        except Exception as exc:  # the controller's check raised something else: a suite error
+            session.suite_error(recorder.tally.blame(), exc)
 
     def end(case: Any, failed: bool) -> None:
         if failed:
