@@ -12,6 +12,7 @@ from conformance.backends.contract import AdapterBase, Raw, current_stream_wait
 from conformance.backends.identity import decode_identity, identity_payload
 from conformance.backends.internals import has_internals, internals
 from conformance.backends.public import release
+from conformance.backends.results import counts_list, kind, returned, tensors
 from conformance.core.example import Example, RankInputs
 from conformance.core.raisers import ApiViolation
 from conformance.core.spec import BackendSpec
@@ -144,7 +145,7 @@ class LegacyAdapter(AdapterBase):
         ident = identity_payload(inputs.x.shape[0], inputs.x.shape[1], rank, inputs.x)
         out = self.buffer.dispatch(ident, handle=handle, **(config or {}))
         if not isinstance(out, tuple) or not out or not isinstance(out[0], torch.Tensor):
-            raise ApiViolation(f"{self.spec.name}: Buffer.dispatch(x, handle=handle) returned {_kind(out)}, a tuple "
+            raise ApiViolation(f"{self.spec.name}: Buffer.dispatch(x, handle=handle) returned {kind(out)}, a tuple "
                                f"whose first entry is recv_x expected [the cached dispatch of identity rows]")
         return decode_identity(out[0].cpu())
 
@@ -232,7 +233,7 @@ class LegacyAdapter(AdapterBase):
             topk_weights=inputs.topk_weights, expert_alignment=example.expert_alignment,
             num_worst_tokens=num_worst_tokens), 6, call)
         if not isinstance(received, tuple) or len(received) != 2:
-            raise ApiViolation(f"{self.spec.name}: {call} returned recv_x={_kind(received)}, a (recv_x, "
+            raise ApiViolation(f"{self.spec.name}: {call} returned recv_x={kind(received)}, a (recv_x, "
                                f"recv_scales) tuple expected for an FP8 (x, scales) dispatch")
         recv_x, recv_scales = received
         tensors(call, recv_x=recv_x, recv_scales=recv_scales, recv_topk_idx=recv_idx)
@@ -253,39 +254,3 @@ class LegacyAdapter(AdapterBase):
 
         low_latency.destroy_ll(self)
 
-
-# ------------------------------------------------------------------------------------------- public results
-
-
-def _kind(value: Any) -> str:
-    if isinstance(value, tuple):
-        return f"a tuple of {len(value)}"
-    return "None" if value is None else type(value).__name__
-
-
-def returned(call: str, value: Any, arity: int, described: str | None = None) -> tuple:
-    """``value``, the result of ``call``, checked to be the tuple of ``arity`` entries the API returns (else an
-    :class:`~conformance.core.raisers.ApiViolation`: the backend's failure, not the suite's)."""
-    if not isinstance(value, tuple) or len(value) != arity:
-        raise ApiViolation(f"{call} returned {_kind(value)}, a tuple of {arity} expected [{described or call}]")
-    return value
-
-
-def tensors(call: str, **values: Any) -> dict[str, Any]:
-    """``values`` checked to be tensors (the API returns tensors there), else an ApiViolation naming the value."""
-    for name, value in values.items():
-        if not isinstance(value, torch.Tensor):
-            raise ApiViolation(f"{name}={_kind(value)} returned by {call}, a tensor expected")
-    return values
-
-
-def counts_list(counts: Any, call: str) -> list[int]:
-    """V1's ``num_recv_tokens_per_expert_list``: a list of ints (one per local expert), else an ApiViolation."""
-    try:
-        values = list(counts)
-        if all(isinstance(c, int) or (isinstance(c, torch.Tensor) and c.numel() == 1) for c in values):
-            return [int(c) for c in values]
-    except TypeError:
-        pass
-    raise ApiViolation(f"num_recv_tokens_per_expert_list={counts!r} returned by {call}, a list of int (the received "
-                       f"token count of each local expert) expected")

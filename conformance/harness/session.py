@@ -242,11 +242,11 @@ class Session:
                     if seen >= KNOWN_DEFECT_RESTARTS:
                         raise KnownDefectStop(entry.id, seen) from None
                 return
-            tally.failed(blame)
+            tally.failed(blame, message, getattr(failure, "failed_columns", None))
             self._note_failure(failure)
             raise
         except RankFailure as failure:  # a crash or hang
-            tally.failed(self._blame(failure, settings.names))
+            tally.failed(self._blame(failure, settings.names), str(failure))
             self._note_failure(failure)
             raise
         except HypothesisException:
@@ -263,11 +263,11 @@ class Session:
         of a check that is not an assertion): counted as a suite error of those columns, never their failure nor a
         pass, and raised as :class:`~conformance.core.raisers.SuiteError` (the property test fails, the run exits
         non-zero, the kill matrix says ``error``)."""
-        self.recorder.tally.suite_error(blame)
         where = (f" at {error.suite[min(error.suite)]} (rank {min(error.suite)})"
                  if isinstance(error, RankFailure) and error.suite else "")
         message = (f"SUITE ERROR{where} while checking {', '.join(blame) or 'the example'}: the suite's own code "
                    f"raised {type(error).__name__}; no verdict on the backend(s) for this example.\n{error}")
+        self.recorder.tally.suite_error(blame, message)
         if self.recorder.suite_error is None:
             self.recorder.suite_error = message[:4000]
         self._note_failure(error)
@@ -277,25 +277,33 @@ class Session:
         """A backend's call raised in step (the world is intact): the task ended on every rank before the other
         backends' results were checked.  Run it again without the backend(s) blamed and check the others, so each
         backend's verdict is about its own calls (a wrapper that always raises leaves the raw APIs beside it
-        checked).  Their outcome is counted here; a failure of theirs is counted too, and the blamed backend's
-        failure is the one raised (a crash or hang of theirs is raised instead: the world must be rebuilt)."""
+        checked); where another backend's call raises in step there too, it is charged and left out in turn.  Their
+        outcome is counted here; a failure of theirs is counted too, and the first blamed backend's failure is the
+        one raised (a crash or hang of theirs is raised instead: the world must be rebuilt)."""
         rest = tuple(spec for spec in settings.backends if spec.name not in blame)
         if not rest or len(rest) == len(settings.backends):
             return
-        names = tuple(spec.name for spec in rest)
         tally = self.recorder.tally
-        tally.start(names, self.pairs(names))
-        try:
-            prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
-        except (AssertionError, RankRaised) as other:
-            if isinstance(other, RankRaised) and not other.in_step:
-                raise
-            if isinstance(other, RankRaised) and other.suite:
-                tally.suite_error(self._blame(other, names))
+        while rest:
+            names = tuple(spec.name for spec in rest)
+            tally.start(names, self.pairs(names))
+            try:
+                prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
+            except (AssertionError, RankRaised) as other:
+                if isinstance(other, RankRaised) and not other.in_step:
+                    raise
+                charged = self._blame(other, names)
+                if isinstance(other, RankRaised) and other.suite:
+                    tally.suite_error(charged, str(other))
+                else:
+                    tally.failed(charged, str(other), getattr(other, "failed_columns", None))
+                left = tuple(spec for spec in rest if spec.name not in charged)
+                if not (isinstance(other, RankRaised) and other.in_step) or len(left) == len(rest):
+                    break
+                rest = left
             else:
-                tally.failed(self._blame(other, names))
-        else:
-            tally.held()
+                tally.held()
+                break
         tally.start(blame, [])
 
     def _results(self, prop: Property, settings: TaskSettings, case: Any) -> list[Any]:
@@ -315,6 +323,9 @@ class Session:
             backend = failure.backend or (failure.culprit_call() or "").partition("|")[0]
             if backend in backends:
                 return (backend,)
+        several = getattr(failure, "failed_columns", None)  # a check that judged every column before raising
+        if several:
+            return tuple(several)
         return self.recorder.tally.blame()
 
     def _note_failure(self, failure: BaseException) -> None:

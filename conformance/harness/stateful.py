@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis.errors import HypothesisException
 
 from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
-from conformance.properties import Property
+from conformance.properties import BackendsFailed, Property
 from conformance.strategies import vocabulary
 from conformance.world.errors import RankFailure, RankRaised
 
@@ -38,11 +38,14 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
     config = session.config
     recorder = session.recorder
     task_settings = session.settings_for(prop)
-    state: dict[str, Any] = {"started": 0.0}
+    #: deferred: the partial failures of the running sequence (``BackendsFailed``: some backends failed, the others
+    #: go on), raised at its end; failed: those backends, left out of the later steps' checks
+    state: dict[str, Any] = {"started": 0.0, "deferred": [], "failed": set()}
 
     def fail(failure: BaseException, case: Any, budgeted: bool) -> None:
         tally = recorder.tally
-        tally.failed(session._blame(failure, task_settings.names))
+        tally.failed(session._blame(failure, task_settings.names), str(failure),
+                     getattr(failure, "failed_columns", None))
         session._note_failure(failure)
         if budgeted:
             session.budget.charge(failure, case, time.monotonic() - state["started"])
@@ -54,11 +57,14 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         if index == 0:
             recorder.examples += 1
             recorder.tally.start(task_settings.names)
-            state["started"] = time.monotonic()
+            state.update(started=time.monotonic(), deferred=[], failed=set())
         try:
             per_rank = session.world.run(stateful.step_task, task_settings, (case, index),
                                          timeout=config.example_timeout_s)
-            stateful.check_step(session, case, index, per_rank)
+            stateful.check_step(session, case, index, per_rank, failed=frozenset(state["failed"]))
+        except BackendsFailed as partial:  # the others go on; raised at the sequence's end
+            state["deferred"].append(partial)
+            state["failed"] |= partial.backends
         except RankFailure as failure:
             if failure.suite:  # the suite's own code raised on the ranks: a suite error, no verdict
                 if not failure.in_step:
@@ -67,6 +73,8 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
             fail(failure, case, budgeted=not isinstance(failure, RankRaised))  # a crash or hang: a rebuilt world
             raise
         except AssertionError as failure:
+            if state["deferred"]:  # no backend left: the earlier partial failures are charged too
+                failure.failed_columns = {**ended(), **getattr(failure, "failed_columns", {})}  # type: ignore
             fail(failure, case, budgeted=False)
             raise
         except HypothesisException:
@@ -74,10 +82,22 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
         except Exception as exc:  # the controller's check raised something else: a suite error
             session.suite_error(recorder.tally.blame(), exc)
 
+    def ended() -> dict[str, str]:
+        """Every column a partial failure of the running sequence charged, with its first message."""
+        return {column: message for partial in reversed(state["deferred"])
+                for column, message in partial.columns.items()}
+
     def end(case: Any, failed: bool) -> None:
         if failed:
             session.progress(prop.id, recorder.examples)
             return
+        if state["deferred"]:  # the sequence ran to its end for the backends that held: now the failure
+            session.world.run(stateful.end_task, task_settings, case, timeout=config.example_timeout_s)
+            failure = state["deferred"][0].failure
+            failure.failed_columns = ended()
+            fail(failure, case, budgeted=False)
+            session.progress(prop.id, recorder.examples)
+            raise failure
         recorder.distinct.add(case.to_json())
         recorder.tally.held()
         session.world.run(stateful.end_task, task_settings, case, timeout=config.example_timeout_s)

@@ -8,9 +8,10 @@ counts, combine and gradients byte-exact for integer payloads), the backends agr
 destroyed buffer raises the library's exception on every rank (its type and message for the library's own
 backends, its type for a class backend; V2's second ``destroy()`` does nothing, as the library's), and nothing hangs
 (the example timeout).  Each backend's calls end on every rank together: one backend raising is that backend's
-failure at that step, and the other backends' results of the step are still checked.  The pytest run drives a Hypothesis state machine, one step
-per task on the persistent world (:mod:`conformance.strategies.sequences`, :mod:`conformance.tasks.sequences`); a
-failure shrinks to the shortest failing sequence and its message lists the calls that reproduce it.
+failure at that step, and the other backends' results of the step are still checked.  The pytest run drives a
+Hypothesis state machine, one step per task on the persistent world (:mod:`conformance.strategies.sequences`,
+:mod:`conformance.tasks.sequences`); a failure shrinks to the shortest failing sequence and its message lists the
+calls that reproduce it.
 
 Real users keep one buffer for a whole training run and interleave calls; P30 drives one `Buffer` and one
 `ElasticBuffer` per backend side by side through sequences drawn by a Hypothesis `RuleBasedStateMachine`
@@ -76,7 +77,7 @@ from conformance.oracle.reduction import (
     owner_rank,
     reach_counts,
 )
-from conformance.properties import CheckContext, Property, Stateful, register
+from conformance.properties import BackendsFailed, CheckContext, Property, Stateful, register
 from conformance.strategies import sized
 from conformance.strategies.sequences import explicit_sequences, sequence_cases, sequence_machine
 from conformance.tasks.sequences import NotMade, StepRaised, run_sequence, sequence_end, sequence_step
@@ -245,13 +246,16 @@ def _agree(case: SequenceCase, index: int, rank: int, first: tuple[str, Any], ot
                 assert_same_values(b[field], a[field], name=field, rank=rank, call=call, against=name_a)
 
 
-def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list[dict[str, Any]]) -> None:
-    """Step ``index`` of ``case``: every backend's result on every rank against the oracle, then pairwise.  Each
-    backend and pair is checked to its end (one that held is counted as held, ``complete``); the first failure is
-    raised once all were checked, so a backend's failure never changes another backend's verdict."""
+def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list[dict[str, Any]],
+               failed: frozenset[str] = frozenset()) -> None:
+    """Step ``index`` of ``case``: every backend's result on every rank against the oracle, then pairwise (but the
+    backends in ``failed``: they failed earlier in the sequence).  Each backend and pair is checked to its end (one
+    that held is counted as held, ``complete``).  Where some backends failed and others held, the step raises
+    :class:`~conformance.properties.BackendsFailed` (the sequence goes on for the others: a backend's failure never
+    changes another backend's verdict); where none is left, the first failure."""
     __tracebackhide__ = True
     complete = getattr(ctx, "complete", None)
-    backends = list(per_rank[0]) if per_rank else []
+    backends = [name for name in (per_rank[0] if per_rank else {}) if name not in failed]
     failures: list[tuple[tuple[str, ...], BaseException]] = []
     broken: set[str] = set()
     for backend in backends:
@@ -286,6 +290,13 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
     listing = "\n".join(f"  {line}" for line in case.calls()[: index + 1])
     failure.args = (f"{failure.args[0]}\nthe call sequence (steps 0..{index}, shrunk by Hypothesis), on every "
                     f"backend side by side:\n{listing}",) + failure.args[1:]
+    if isinstance(failure, SuiteError):
+        raise failure
+    columns = {" vs ".join(w): str(f) for w, f in failures if isinstance(f, AssertionError)}
+    if any(name not in broken and not all(isinstance(ranks[name], Unsupported) for ranks in per_rank)
+           for name in backends):  # others go on
+        raise BackendsFailed(failure, columns, broken)  # type: ignore[arg-type]
+    failure.failed_columns = columns  # type: ignore[attr-defined]  # every column that failed, with its message
     raise failure
 
 
@@ -347,10 +358,32 @@ def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, res
 
 
 def check(ctx: CheckContext, case: SequenceCase, per_rank: list[list[dict[str, Any]]]) -> None:
-    """A whole sequence run at once (``run_sequence``: replays and the kill matrix): every step, in order."""
+    """A whole sequence run at once (``run_sequence``: replays and the kill matrix): every step, in order; a backend
+    that failed is left out of the later steps, and the first failure is raised at the end."""
     __tracebackhide__ = True
+    failed: set[str] = set()
+    deferred: list[BackendsFailed] = []
     for index in range(len(case.steps)):
-        check_step(ctx, case, index, [steps[index] for steps in per_rank])
+        try:
+            check_step(ctx, case, index, [steps[index] for steps in per_rank], frozenset(failed))
+        except BackendsFailed as partial:
+            deferred.append(partial)
+            failed |= partial.backends
+        except AssertionError as failure:  # no backend left: the earlier failures are charged too
+            if deferred:
+                columns = ended_failure(deferred).failed_columns  # type: ignore[attr-defined]
+                failure.failed_columns = {**columns, **getattr(failure, "failed_columns", {})}  # type: ignore
+            raise
+    if deferred:
+        raise ended_failure(deferred)
+
+
+def ended_failure(deferred: list[BackendsFailed]) -> AssertionError:
+    """The failure a sequence with partial failures ends with: the first, charged to every column that failed."""
+    failure = deferred[0].failure
+    failure.failed_columns = {column: message for partial in reversed(deferred)  # type: ignore[attr-defined]
+                              for column, message in partial.columns.items()}
+    return failure
 
 
 PROPERTY = register(Property(

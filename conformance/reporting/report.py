@@ -205,8 +205,8 @@ def annotate_verdicts(entry: PropertyEntry, config: RunConfig, distinct: int) ->
             out[name] = {**_empty_column(), "status": "unsupported", "reason": reason}
     for name, column in out.items():
         status = column["status"]
-        if status in ("failed", "suite-error"):
-            column.setdefault("reason", entry.message or describe_cause_text(entry.cause))
+        if status in ("failed", "suite-error"):  # the column's own failure where it was recorded
+            column.setdefault("reason", column.get("message") or entry.message or describe_cause_text(entry.cause))
         elif status == "divergence":
             column.setdefault("reason", "; ".join(entry.divergences.get(k, k) for k in column.get("divergences", []))
                               or "; ".join(entry.divergences.values()))

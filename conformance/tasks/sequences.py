@@ -27,6 +27,7 @@ import torch
 
 from conformance.backends.factory import get_adapter
 from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
+from conformance.backends.results import counts_list, returned, tensors
 from conformance.core.cases import SequenceCase, Step
 from conformance.core.example import Example, RankInputs, build_rank_inputs, second_payload, upstream_combined_grad
 from conformance.core.raisers import suite_frame
@@ -147,29 +148,33 @@ def _dispatch(state: BackendState, buffer: Any, inputs: RankInputs, example: Exa
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(inputs.topk_idx, example.num_experts)
-        recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
+        per_rank, per_rdma, per_expert, in_rank, _ = returned(
+            "Buffer.get_dispatch_layout", buffer.get_dispatch_layout(inputs.topk_idx, example.num_experts), 5)
+        recv_x, recv_idx, recv_w, counts, handle, event = returned("Buffer.dispatch", buffer.dispatch(
             inputs.x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights,
-            expert_alignment=example.expert_alignment, async_finish=step.async_op, **flags)
+            expert_alignment=example.expert_alignment, async_finish=step.async_op, **flags), 6)
     else:
-        recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
+        recv_x, recv_idx, recv_w, handle, event = returned("ElasticBuffer.dispatch", buffer.dispatch(
             inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
-            async_with_compute_stream=step.async_op, **flags)
+            async_with_compute_stream=step.async_op, **flags), 5)
         counts = handle.num_recv_tokens_per_expert_list
-    return InFlight("dispatch", {"x": recv_x, "topk_idx": recv_idx, "topk_weights": recv_w, "counts": list(counts),
-                                 "handle": handle}, event if step.async_op else None)
+    call = f"{state.spec.class_name}.dispatch (step {step.op})"
+    return InFlight("dispatch", {"x": recv_x, "topk_idx": recv_idx, "topk_weights": recv_w,
+                                 "counts": counts_list(counts, call), "handle": handle},
+                    event if step.async_op else None)
 
 
 def _cached(state: BackendState, buffer: Any, handle: Any, x: torch.Tensor, step: Step) -> InFlight:
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        recv_x, _, _, _, _, event = buffer.dispatch(x, handle=handle, async_finish=step.async_op, **flags)
+        recv_x, _, _, _, _, event = returned("Buffer.dispatch(x, handle=handle)", buffer.dispatch(
+            x, handle=handle, async_finish=step.async_op, **flags), 6)
     else:  # production convention: num_experts passed (P12 covers the known defect without it)
-        recv_x, _, _, _, event = buffer.dispatch(x, handle=handle, num_experts=handle.num_experts,
-                                                 async_with_compute_stream=step.async_op, **flags)
+        recv_x, _, _, _, event = returned("ElasticBuffer.dispatch(x, handle=handle)", buffer.dispatch(
+            x, handle=handle, num_experts=handle.num_experts, async_with_compute_stream=step.async_op, **flags), 5)
     return InFlight("cached", {"x": recv_x}, event if step.async_op else None)
 
 
@@ -178,11 +183,11 @@ def _combine(state: BackendState, buffer: Any, handle: Any, x: torch.Tensor, ste
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        combined, combined_w, event = buffer.combine(x, handle, topk_weights=topk_weights, async_finish=step.async_op,
-                                                     **flags)
+        combined, combined_w, event = returned("Buffer.combine", buffer.combine(
+            x, handle, topk_weights=topk_weights, async_finish=step.async_op, **flags), 3)
     else:
-        combined, combined_w, event = buffer.combine(x, handle, topk_weights=topk_weights, num_sms=0,
-                                                     async_with_compute_stream=step.async_op, **flags)
+        combined, combined_w, event = returned("ElasticBuffer.combine", buffer.combine(
+            x, handle, topk_weights=topk_weights, num_sms=0, async_with_compute_stream=step.async_op, **flags), 3)
     return InFlight("combine", {"x": combined, "topk_weights": combined_w}, event if step.async_op else None)
 
 
@@ -194,6 +199,8 @@ def _read(flight: InFlight) -> dict[str, Any]:
             out[name] = value.cpu().clone()
         elif name == "counts":
             out[name] = [int(c) for c in value]
+        elif name == "x" or (name in ("topk_idx", "topk_weights") and flight.kind == "dispatch"):
+            tensors(f"{flight.kind} (its {name})", **{name: value})  # the API returns a tensor there
     return out
 
 

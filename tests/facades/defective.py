@@ -6,9 +6,9 @@ and leave the other backends' verdicts as they are (tests/test_facades.py).
   hands V2 ``num_experts=None``: every dispatch raises (inside V2);
 - :class:`NoneCounts`: the per-expert counts are read from an attribute V2's handle does not have, so every dispatch
   returns ``num_recv_tokens_per_expert_list=None``;
-- :class:`LaxDestroy`: a second ``destroy()`` succeeds (V1 refuses it with ``AttributeError``), and a dispatch after
-  ``destroy()`` fails in the facade's own bookkeeping with a ``RuntimeError`` from ``max()`` instead of V1's
-  ``AttributeError``.
+- :class:`DestroysTwice`: a second ``destroy()`` succeeds (V1 refuses it with ``AttributeError``);
+- :class:`WrongErrorAfterDestroy`: a dispatch after ``destroy()`` fails in the facade's own bookkeeping with a
+  ``RuntimeError`` from ``max()`` instead of V1's ``AttributeError``.
 """
 
 from __future__ import annotations
@@ -42,18 +42,26 @@ class NoneCounts(ElasticBackedBuffer):
         return getattr(ep, "num_recv_tokens_per_expert", None)
 
 
-class LaxDestroy(ElasticBackedBuffer):
-    """Defects: ``destroy()`` twice succeeds; a dispatch after ``destroy()`` raises ``RuntimeError`` from ``max()`` of
-    the facade's emptied bookkeeping (V1: ``AttributeError`` for both)."""
+class DestroysTwice(ElasticBackedBuffer):
+    """Defect: a second ``destroy()`` returns (V1 refuses it: ``AttributeError``, the runtime is gone)."""
+
+    def destroy(self) -> None:
+        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
+        if self._elastic is not None:  # the defect: the second call returns instead of raising
+            self._elastic.destroy()
+            self._elastic = None
+
+
+class WrongErrorAfterDestroy(ElasticBackedBuffer):
+    """Defect: a dispatch after ``destroy()`` fails in the facade's own bookkeeping, ``RuntimeError`` from ``max()``
+    of an emptied tensor, instead of V1's refusal (``AttributeError``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._rows_seen: torch.Tensor | None = None
 
     def destroy(self) -> None:
-        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
-        if self._elastic is not None:  # the defect: a second call returns instead of raising
-            self._elastic.destroy()
+        super().destroy()
         self._rows_seen = torch.empty(0, dtype=torch.int64)
 
     def dispatch(self, x: Any, *args: Any, **kwargs: Any) -> tuple:
