@@ -11,3 +11,8 @@ test input, written from DeepEP's documented API (never copied from a published 
 
 They import ``deep_ep`` as the ranks resolve it (``--deep-ep emulation`` in the self-tests: the emulated V2).
 """
+
+#: What :class:`tests.facades.faithful.ElasticBackedBuffer` (and the defective facades, its subclasses) declare they
+#: implement (``conformance_capabilities``): here, so that a self-test reads it without importing ``deep_ep``.
+DECLARED = frozenset({"combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch", "autograd",
+                      "events", "layout", "fp8", "fresh_groups", "lifecycle"})

@@ -33,6 +33,8 @@ import deep_ep
 import torch
 import torch.distributed as dist
 
+from tests.facades import DECLARED
+
 #: V2 buffers are sized in multiples of this (``ElasticBuffer``'s alignment).
 _ALIGNMENT = 2 << 20
 #: The smallest V2 buffer the facade builds.
@@ -69,9 +71,7 @@ class _V1OverV2:
 
     _elastic: Any
     #: Capabilities of the suite this facade implements (docs/integrators.md, "testing a compatibility layer").
-    conformance_capabilities = frozenset({"combine", "combine_weights", "combine_bias", "expert_alignment",
-                                          "cached_dispatch", "autograd", "events", "layout", "fp8", "fresh_groups",
-                                          "lifecycle"})
+    conformance_capabilities = DECLARED
 
     # ---------------------------------------------------------------------------------------------- layout
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event: Any = None,
@@ -160,6 +160,9 @@ class _V1OverV2:
         ep, hidden = handle._ep, x.shape[1]
         padded = -(-hidden // 256) * 256
         if padded != hidden:
+            if previous_event is not None:  # x may still be being written: wait before copying it
+                previous_event.current_stream_wait()
+                previous_event, allocate_on_comm_stream = None, False
             x = torch.nn.functional.pad(x, (0, padded - hidden))
             bias = tuple(torch.nn.functional.pad(b, (0, padded - hidden)) for b in bias) if isinstance(
                 bias, tuple) else None if bias is None else torch.nn.functional.pad(bias, (0, padded - hidden))
