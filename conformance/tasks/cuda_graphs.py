@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.backends.contract import NotSupported, graphs_supported
+from conformance.backends.contract import NotSupported
 from conformance.backends.graphs import V1_INTERNODE, describe_step, readout, worst_case_step
 from conformance.core.cases import GraphCase
 from conformance.core.example import build_rank_inputs
@@ -65,7 +65,6 @@ def graph_replays(env: RankEnv) -> dict[str, Any]:
         return Readout(k, view, CombineResult(call, combined_x, None, reduction_group=group))
 
     def run(adapter: Any) -> GraphRun:
-        graphs_supported(adapter, env.device)  # before anything is built: unsupported on a CPU, or emulated
         if adapter.api == "v1" and adapter.internode:
             raise NotSupported(V1_INTERNODE)
         step = worst_case_step(adapter, case.example)
