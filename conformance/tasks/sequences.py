@@ -277,7 +277,8 @@ def v1_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, num_node
     per_expert = torch.bincount(ids, minlength=num_experts).to(torch.int32)
     per_rdma = None
     if num_nodes > 1:
-        per_rdma = in_rank.reshape(in_rank.shape[0], num_nodes, -1).any(dim=2).sum(dim=0).to(torch.int32)
+        per_rdma = in_rank.reshape(in_rank.shape[0], num_nodes, num_ranks // num_nodes).any(dim=2).sum(dim=0).to(
+            torch.int32)
     return in_rank.sum(dim=0).to(torch.int32), per_rdma, per_expert, in_rank
 
 
