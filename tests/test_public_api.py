@@ -188,3 +188,42 @@ def test_who_raised_is_read_from_the_raising_frame() -> None:
         Raised.of(NotSupported("no"))
     with pytest.raises(SuiteError):
         raise SuiteError("explicit")
+
+
+def test_a_suite_error_on_the_ranks_is_named_and_never_a_backends_failure() -> None:
+    from conformance.world.errors import RankRaised
+    from conformance.world.launcher import World, WorldShape
+
+    with World(WorldShape(1, 2)) as world, pytest.raises(RankRaised) as raised:
+        world.run("tests.raiser_tasks:suite_raises_in_step", timeout=60)
+    failure = raised.value
+    assert failure.in_step and failure.backend == "emulated-v1" and sorted(failure.suite) == [0, 1], failure
+    assert "conformance/core/views.py" in failure.suite[0] and str(failure).startswith("SUITE ERROR"), str(failure)
+
+
+def test_a_check_that_raises_is_a_suite_error_of_the_column(emulated_session) -> None:
+    """The controller's own check code raising (not an assertion) is the column's suite error, not its failure, and
+    the property's status is ``suite-error``."""
+    from conformance.harness.session import Recorder
+    from conformance.properties import by_id
+    from conformance.reporting.report import property_status
+    from tests.meta import sample
+
+    prop = by_id("P1-per-expert-payloads")
+
+    def broken(ctx, case, per_rank):  # noqa: ANN001, ANN202
+        ctx.checking(("emulated-v2",))
+        return len(None)  # type: ignore[arg-type]  # a bug of the check
+
+    original = prop.check
+    object.__setattr__(prop, "check", broken)  # (a frozen dataclass)
+    emulated_session.recorder = Recorder()
+    try:
+        with pytest.raises(SuiteError, match="SUITE ERROR while checking emulated-v2"):
+            emulated_session.check(prop.id, sample(prop.strategy(emulated_session.shape), 1)[0])
+    finally:
+        object.__setattr__(prop, "check", original)
+    recorded = emulated_session.recorder.as_dict()
+    assert recorded["verdicts"]["emulated-v2"]["status"] == "suite-error", recorded["verdicts"]
+    assert recorded["verdicts"]["emulated-v2"]["failed"] == 0
+    assert property_status(True, False, recorded) == "suite-error"
