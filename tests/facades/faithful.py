@@ -17,6 +17,7 @@ What the facade does for a V1 caller, from the two APIs' documentation:
 - ``async_finish=True``: the facade waits on V2's event itself and returns an event that is already complete
   (the outputs are final when the caller's wait returns, as V1 promises); ``previous_event``: V1's ``EventOverlap``
   handed to V2 as its ``EventHandle``;
+- the V2 buffer is built with ``deterministic=True``: the rows arrive in V1's order on several nodes too;
 - the handle is the facade's own, opaque: any look inside it (``len``, indexing, an attribute) raises, so that a
   suite that reads V1 handle tuples fails on it;
 - after ``destroy()`` the V2 buffer is gone: every call raises ``AttributeError`` as V1's does (a second
@@ -206,7 +207,10 @@ class ElasticBackedBuffer(_V1OverV2):
             raise NotImplementedError("this facade offers normal mode only (no low-latency, no shrink mode)")
         num_bytes = max(_MIN_BYTES, -(-max(num_nvl_bytes, num_rdma_bytes) // _ALIGNMENT) * _ALIGNMENT)
         self.explicitly_destroy = explicitly_destroy
-        self._elastic = deep_ep.ElasticBuffer(group, num_bytes=num_bytes, explicitly_destroy=explicitly_destroy)
+        # deterministic=True: V1's receive order (V2's own order differs across nodes; P13 holds V2's deterministic
+        # order to V1's)
+        self._elastic = deep_ep.ElasticBuffer(group, num_bytes=num_bytes, deterministic=True,
+                                              explicitly_destroy=explicitly_destroy)
 
     def destroy(self) -> None:
         """Release the buffer (``explicitly_destroy=True`` only, as V1); any call after it raises AttributeError."""
@@ -253,4 +257,5 @@ class ForwardingBufferOnGroup(ForwardingBuffer):
 
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, explicitly_destroy: bool = False,
                  **_: Any) -> None:
-        super().__init__(deep_ep.ElasticBuffer(group, num_bytes=1 << 30, explicitly_destroy=explicitly_destroy))
+        super().__init__(deep_ep.ElasticBuffer(group, num_bytes=1 << 30, deterministic=True,
+                                               explicitly_destroy=explicitly_destroy))
