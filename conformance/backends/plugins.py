@@ -42,7 +42,9 @@ import torch
 
 from conformance.backends.contract import Backend, NotSupported, Raw
 from conformance.backends.identity import decode_identity, identity_payload
+from conformance.backends.results import counts_list, kind, tensors
 from conformance.core.example import Example, RankInputs
+from conformance.core.raisers import ApiViolation
 from conformance.core.spec import APIS, BUILTIN_ONLY, ENTRY_POINT_GROUP, PLUGIN_CAPABILITIES, BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView, Layout, V1Layout, V2Layout, layout_of
 
@@ -281,22 +283,29 @@ class PluginBackend:
         if "cached_dispatch" in self.capabilities:
             ident = identity_payload(x.shape[0], self.identity_width(example), rank, x)
             return decode_identity(self.cached_dispatch_tokens(dispatched, ident).detach().cpu())
-        raise TypeError(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
+        raise ApiViolation(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
                         f"'cached_dispatch' so that the suite can find where each received row came from")
 
     def _view(self, dispatched: Dispatched, example: Example, rank: int, options: DispatchOptions,
               x: torch.Tensor) -> DispatchView:
+        call = self.describe_dispatch(example, rank, options)
+        if not isinstance(dispatched, Dispatched):
+            raise ApiViolation(f"{self.spec.name}: dispatch_tokens returned {kind(dispatched)}, a Dispatched expected "
+                               f"[{call}]")
+        tensors(call, recv_x=dispatched.recv_x, recv_topk_idx=dispatched.recv_topk_idx,
+                recv_topk_weights=dispatched.recv_topk_weights)
+        counts = counts_list(dispatched.num_recv_tokens_per_expert, call)
         src_rank, src_token = self.sources(dispatched, example, rank, x)
         return DispatchView(
             backend=self.spec.name,
             api=self.api,
-            call=self.describe_dispatch(example, rank, options),
+            call=call,
             src_rank=src_rank.to(torch.int64).cpu(),
             src_token=src_token.to(torch.int64).cpu(),
             x=dispatched.recv_x.detach().cpu(),
             topk_idx=dispatched.recv_topk_idx.detach().to(torch.int64).cpu(),
             topk_weights=dispatched.recv_topk_weights.detach().cpu(),
-            num_recv_tokens_per_expert=[int(c) for c in dispatched.num_recv_tokens_per_expert],
+            num_recv_tokens_per_expert=counts,
             layout=self._layout(dispatched),
             expert_alignment=self.alignment(example),
         )
@@ -422,12 +431,12 @@ def build(spec: BackendSpec, env: PluginEnv) -> Backend:
     if not isinstance(backend, Backend):
         missing = [name for name in ("dispatch", "combine", "cached_dispatch", "fused_dispatch", "fused_combine",
                                      "describe_combine", "destroy") if not callable(getattr(backend, name, None))]
-        raise TypeError(f"{spec.name}: the factory returned {type(backend).__name__}, which is not a "
+        raise ApiViolation(f"{spec.name}: the factory returned {type(backend).__name__}, which is not a "
                         f"conformance backend (missing: {', '.join(missing) or 'spec/api'}); subclass "
                         f"conformance.backends.plugins.PluginBackend")
     backend.spec = spec
     if getattr(backend, "api", spec.api) != spec.api:
-        raise TypeError(f"{spec.name}: the backend says api={backend.api!r}, its factory declared {spec.api!r}")
+        raise ApiViolation(f"{spec.name}: the backend says api={backend.api!r}, its factory declared {spec.api!r}")
     return backend
 
 

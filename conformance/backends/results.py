@@ -7,6 +7,7 @@ backend's failure, not an error of the suite that read it.
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -39,10 +40,8 @@ def tensors(call: str, **values: Any) -> dict[str, Any]:
 def counts_list(counts: Any, call: str) -> list[int]:
     """V1's ``num_recv_tokens_per_expert_list``: a list of ints (one per local expert), else an ApiViolation."""
     try:
-        values = list(counts)
-        if all(isinstance(c, int) or (isinstance(c, torch.Tensor) and c.numel() == 1) for c in values):
-            return [int(c) for c in values]
-    except TypeError:
+        return [operator.index(c) for c in counts]
+    except (TypeError, RuntimeError, ValueError):  # not iterable, not integers, a tensor of several elements
         pass
     raise ApiViolation(f"num_recv_tokens_per_expert_list={counts!r} returned by {call}, a list of int (the received "
                        f"token count of each local expert) expected")
