@@ -130,8 +130,19 @@ class Session:
         self.seen: dict[str, Any] = {}  # backend -> which deep_ep it drove on rank 0 (construction preflight)
         self.known_defects: KnownDefects = known_defects_of(config)
         self._memo: dict[tuple[Any, ...], list[Any]] = {}  # (property, settings, case) -> results (Property.memo)
+        #: Backends left out of the property being drawn again for the others (``driver.judge_the_others``).
+        self.left_out: frozenset[str] = frozenset()
         #: Called after every example with (property id, examples so far): the run's progress reporting.
         self.on_progress: Callable[[str, int], None] | None = None
+
+    @contextlib.contextmanager
+    def leaving_out(self, backends: set[str]) -> Iterator[None]:
+        """Run the property without ``backends`` (they failed it: the others are drawn again on their own)."""
+        previous, self.left_out = self.left_out, frozenset(backends)
+        try:
+            yield
+        finally:
+            self.left_out = previous
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -193,7 +204,8 @@ class Session:
         excluded = self.excluded(prop)
         found = self._broken.get(self.mutant, {})
         leave_out = () if include_broken or prop.runs_when_broken else found
-        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out)
+        specs = tuple(b for b in self.config.backends
+                      if b.name not in excluded and b.name not in leave_out and b.name not in self.left_out)
         self.recorder.excluded = dict(excluded)
         if not specs:
             raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")

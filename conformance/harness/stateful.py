@@ -31,8 +31,9 @@ def sequences_for(max_examples: int) -> int:
     return max(4, max_examples // 4)
 
 
-def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
-    """The Hypothesis test running ``prop``'s state machine against ``session``'s world (call it to run)."""
+def stateful_test(session: Any, prop: Property, suppressed: list[Any], database_on: bool = True) -> Any:
+    """The Hypothesis test running ``prop``'s state machine against ``session``'s world (call it to run;
+    ``database_on=False``: without the example database, the seeded draws only)."""
     assert prop.stateful is not None
     stateful = prop.stateful
     config = session.config
@@ -105,7 +106,8 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
 
     machine = stateful.machine(config.world_size, run_step, end)
     # One database key per property, world size and mutant (as the other properties); seeded with the database on.
-    database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant))
+    database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant)) \
+        if database_on else None
     run = settings(max_examples=sequences_for(config.max_examples), stateful_step_count=STEPS_PER_SEQUENCE,
                    deadline=None, suppress_health_check=suppressed, database=database)
     test = machine_test(machine, run, config.seed)
