@@ -10,8 +10,11 @@ the world)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +22,7 @@ import pytest
 from conformance.core.raisers import is_suite_file
 from tests.conftest import run_suite
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_facades")]
+pytestmark = pytest.mark.slow  # runs of the suite: scheduled first (tests/conftest.py)
 
 FAITHFUL = ("v1=tests.facades.faithful:ElasticBackedBuffer", "v1=tests.facades.faithful:ForwardingBufferOnGroup")
 #: Each planted defect: its backend -> (a property reporting it, what its message must name).
@@ -41,15 +44,6 @@ PROPERTIES = ["conformance/properties/test_p15_ll_dispatch.py", "conformance/pro
 
 def verdicts(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {p["id"]: p["verdicts"] for p in report["properties"] if p["status"] != "not-run"}
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Any]:
-    """The run with every facade beside the emulated backends, and the run without them."""
-    base = tmp_path_factory.mktemp("facades")
-    proc, report = run_suite([*CHEAP, "--backends", ",".join((*EMULATED, *FACADES)), *PROPERTIES], base / "with")
-    _, alone = run_suite([*CHEAP, "--backends", ",".join(EMULATED), *PROPERTIES], base / "without")
-    return report, alone, proc
 
 
 # ----------------------------------------------------------------------------------------- who raised
@@ -82,9 +76,20 @@ def assert_no_suite_raiser(column: str, message: str) -> None:
 # ------------------------------------------------------------------------------------------- the run
 
 
-def test_the_run_reports_suite_errors_nowhere_and_fails_on_the_defects(runs) -> None:
-    report, alone, proc = runs
+def test_the_facades_beside_the_emulated_backends(tmp_path: Path) -> None:
+    """One run with every facade beside the emulated backends, one without them (one test: the runs are shared by the
+    checks below, whichever xdist worker takes it)."""
+    proc, report = run_suite([*CHEAP, "--backends", ",".join((*EMULATED, *FACADES)), *PROPERTIES], tmp_path / "with")
+    _, alone = run_suite([*CHEAP, "--backends", ",".join(EMULATED), *PROPERTIES], tmp_path / "without")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    suite_errors_nowhere(report)
+    faithful_pass_or_are_unsupported_with_a_reason(report)
+    each_defect_is_its_own_backends_failure_naming_the_value(report)
+    no_emulated_cell_changes(report, alone)
+
+
+def suite_errors_nowhere(report: dict[str, Any]) -> None:
+    """No property or column is a suite error, and no failure has the suite's own code as its raiser."""
     assert not [p["id"] for p in report["properties"] if p["status"] == "suite-error"]
     for pid, columns in verdicts(report).items():
         assert not [c for c, v in columns.items() if v["status"] == "suite-error"], (pid, columns)
@@ -93,9 +98,9 @@ def test_the_run_reports_suite_errors_nowhere_and_fails_on_the_defects(runs) -> 
                 assert_no_suite_raiser(f"{pid} {column}", v.get("reason") or "")
 
 
-def test_the_faithful_facades_pass_or_are_unsupported_with_a_reason(runs) -> None:
-    report, _, _ = runs
-    for pid, columns in verdicts(report).items():
+def faithful_pass_or_are_unsupported_with_a_reason(report: dict[str, Any]) -> None:
+    found = verdicts(report)
+    for pid, columns in found.items():
         for name in FAITHFUL:
             column = columns[name]
             assert column["status"] in ("passed", "unsupported"), (pid, name, column)
@@ -103,15 +108,13 @@ def test_the_faithful_facades_pass_or_are_unsupported_with_a_reason(runs) -> Non
                 assert column["reason"], (pid, name)
             pair = columns.get(f"emulated-v1 vs {name}")
             assert pair is None or pair["status"] in ("passed", "not-checked"), (pid, name, pair)
-    found = verdicts(report)
     assert found["P30-call-sequences"][FAITHFUL[0]]["status"] == "passed"
     assert found["P30-call-sequences"][FAITHFUL[1]]["status"] == "passed", "instance methods (__getattr__) count"
     assert "src_info" in found["P15-ll-dispatch"][FAITHFUL[0]]["reason"], "not offered to a class: why"
     assert "not offered to class backends" in found["P29-cuda-graphs"][FAITHFUL[1]]["reason"]
 
 
-def test_each_planted_defect_is_its_own_backends_failure_naming_the_value(runs) -> None:
-    report, _, _ = runs
+def each_defect_is_its_own_backends_failure_naming_the_value(report: dict[str, Any]) -> None:
     found = verdicts(report)
     for name, (pid, named) in DEFECTS.items():
         column = found[pid][name]
@@ -120,20 +123,20 @@ def test_each_planted_defect_is_its_own_backends_failure_naming_the_value(runs) 
         assert_no_suite_raiser(name, column["reason"])
 
 
-def test_no_emulated_cell_changes_beside_the_facades(runs) -> None:
-    report, alone, _ = runs
+def no_emulated_cell_changes(report: dict[str, Any], alone: dict[str, Any]) -> None:
     with_facades, without = verdicts(report), verdicts(alone)
     assert set(with_facades) == set(without)
     for pid, columns in without.items():
         for column, v in columns.items():
             assert with_facades[pid][column]["status"] == v["status"], (pid, column, with_facades[pid][column], v)
+            assert with_facades[pid][column]["checked"] == v["checked"], (pid, column, "the same draws")
 
 
 # ---------------------------------------------------------------------------------- in-process examples
 
 
-@pytest.fixture(scope="module")
-def facade_session():
+@contextlib.contextmanager
+def facade_session() -> Iterator[Any]:
     """A session on a 1-node x 2-rank world holding the emulated backends and every facade (the class backends as
     ``--backends`` resolves them: the faithful ElasticBackedBuffer and the defects declare their capabilities)."""
     from conformance.core.spec import BackendSpec
@@ -147,8 +150,10 @@ def facade_session():
                     declared=None if "Forwarding" in name else DECLARED) for name in FACADES]
     session = Session(RunConfig(WorldShape(1, 2), tuple(specs), "cpu", 120.0, deep_ep="emulation",
                                 rank_env={"CONFORMANCE_DEEP_EP": "emulation"}))
-    yield session
-    session.close()
+    try:
+        yield session
+    finally:
+        session.close()
 
 
 def columns_after(session: Any, property_id: str, case: Any) -> tuple[dict[str, dict[str, Any]], str | None]:
@@ -168,25 +173,28 @@ def columns_after(session: Any, property_id: str, case: Any) -> tuple[dict[str, 
     return session.recorder.tally.as_dict(), raised
 
 
-@pytest.mark.parametrize("property_id", ["P1-per-expert-payloads", "P10-events", "P27-fresh-groups"])
-def test_one_backends_failure_leaves_the_others_checked(facade_session, emulated_session, property_id: str) -> None:
-    """P1, P10 and P27 on one example: the facades that raise on every dispatch fail (P27 too: a refusal counts only
-    where the world-group dispatch works), the faithful ones and the emulated backends hold, and the emulated
+def test_one_backends_failure_leaves_the_others_checked(emulated_session) -> None:
+    """P1, P10 and P27 on one example each: the facades that raise on every dispatch fail (P27 too: a refusal counts
+    only where the world-group dispatch works), the faithful ones and the emulated backends hold, and the emulated
     backends hold the same without the facades (emulated_session)."""
     from conformance.properties import by_id
     from tests.meta import sample
 
-    case = sample(by_id(property_id).strategy(facade_session.shape), 1)[0]
-    columns, raised = columns_after(facade_session, property_id, case)
-    assert raised is not None, columns
-    for name in ("v1=tests.facades.defective:DiscardsNumExperts", "v1=tests.facades.defective:NoneCounts"):
-        assert columns[name]["status"] == "failed", (name, columns[name])
-        assert_no_suite_raiser(name, columns[name]["message"])
-    assert "num_recv_tokens_per_expert_list=None" in columns["v1=tests.facades.defective:NoneCounts"]["message"]
-    assert "'NoneType'" in columns["v1=tests.facades.defective:DiscardsNumExperts"]["message"]
-    for name in (*EMULATED, *FAITHFUL):
-        assert columns[name]["status"] in ("passed", "unsupported"), (name, columns[name])
-    alone, raised_alone = columns_after(emulated_session, property_id, case)
-    assert raised_alone is None, raised_alone
-    for name in EMULATED:
-        assert (columns[name]["status"], columns[name]["held"]) == (alone[name]["status"], alone[name]["held"])
+    with facade_session() as session:
+        for property_id in ("P1-per-expert-payloads", "P10-events", "P27-fresh-groups"):
+            case = sample(by_id(property_id).strategy(session.shape), 1)[0]
+            columns, raised = columns_after(session, property_id, case)
+            assert raised is not None, (property_id, columns)
+            for name in ("v1=tests.facades.defective:DiscardsNumExperts", "v1=tests.facades.defective:NoneCounts"):
+                assert columns[name]["status"] == "failed", (property_id, name, columns[name])
+                assert_no_suite_raiser(name, columns[name]["message"])
+            assert "num_recv_tokens_per_expert_list=None" in columns["v1=tests.facades.defective:NoneCounts"][
+                "message"]
+            assert "'NoneType'" in columns["v1=tests.facades.defective:DiscardsNumExperts"]["message"]
+            for name in (*EMULATED, *FAITHFUL):
+                assert columns[name]["status"] in ("passed", "unsupported"), (property_id, name, columns[name])
+            alone, raised_alone = columns_after(emulated_session, property_id, case)
+            assert raised_alone is None, raised_alone
+            for name in EMULATED:
+                assert (columns[name]["status"], columns[name]["held"]) == (alone[name]["status"],
+                                                                             alone[name]["held"]), property_id
