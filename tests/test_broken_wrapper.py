@@ -1,6 +1,6 @@
 """A wrapper that always raises (issue 24): its failure is the verdict of every property it takes, found in seconds
 without a world restart (each call ends in step on every rank, the world is kept), and the backends beside it are
-still checked on every example (their verdict is about their own calls)."""
+still checked, on the draws of a run without the wrapper (their verdict is about their own calls)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_a_wrapper_that_always_raises_fails_in_seconds_and_the_raw_api_beside_it
         assert wrapper["status"] == "failed" and wrapper["held"] == 0, (pid, wrapper)
         assert MESSAGE in wrapper["reason"] and "the world was kept" in wrapper["reason"], (pid, wrapper["reason"])
         assert "budget" not in wrapper["reason"], (pid, wrapper["reason"])  # no restart was charged (max 0)
-        # the raw API beside it: checked on every example the wrapper failed, and it held
-        assert raw["status"] == "passed" and raw["held"] == raw["checked"] >= wrapper["checked"] > 0, (pid, raw)
+        # the raw API beside it: judged on draws of its own (those of a run without the wrapper), and it held
+        assert raw["status"] == "passed" and raw["held"] == raw["checked"] > 0 < wrapper["checked"], (pid, raw)
     # three properties, each shrinking its failure: seconds, not minutes (about 15 s here, most of it pytest's start)
     assert wall < 60, f"{wall:.0f} s"

@@ -37,7 +37,10 @@ def test_faithful_classes_pass_beside_the_raw_backends(tmp_path: Path) -> None:
     for name in (V1, V2):
         assert by_id["P1-per-expert-payloads"][name]["status"] == "passed"
         assert by_id["P1-per-expert-payloads"][f"emulated-{name[:2]} vs {name}"]["status"] == "passed"
-    assert by_id["P11-qp-cap"][V2]["status"] == "passed"  # the built-in adapter's full V2 checks, on the class
+    # the built-in adapter's full V2 checks, on the class through its public API: combine's SM count is not observable
+    # there (the emulation's last_launch is no public attribute), as on the real library
+    p11 = by_id["P11-qp-cap"][V2]
+    assert p11["status"] == "divergence" and "not observable" in p11["reason"], p11
     assert by_id["P8-expand-layout"][V2]["status"] == "passed"
     assert by_id["P14-api-surface"][V2]["status"] == "unsupported" and by_id["P14-api-surface"][V2]["reason"]
 

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from conformance.core.example import Example, RankInputs
+from conformance.core.raisers import ApiViolation, NotSupported
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
 
@@ -30,10 +31,7 @@ from conformance.core.views import DispatchOptions, DispatchView
 #: Every backend puts ``recv_x`` and ``recv_topk_weights`` (the received rows, as dispatch returned them) in it.
 Raw = dict[str, Any]
 
-
-class NotSupported(Exception):  # noqa: N818 - an outcome, not an error
-    """Raised by a backend for a configuration it cannot handle (e.g. a wrapper without ``expert_alignment``):
-    reported as ``unsupported`` for that backend and example, with this message as the reason."""
+__all__ = ["AdapterBase", "ApiViolation", "Backend", "NotSupported", "Raw", "current_stream_wait"]
 
 
 @runtime_checkable

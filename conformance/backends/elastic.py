@@ -24,6 +24,7 @@ import torch
 
 from conformance import versions
 from conformance.backends.contract import AdapterBase, NotSupported, Raw, current_stream_wait
+from conformance.backends.public import release
 from conformance.core.example import Example, RankInputs
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView, V2Layout
@@ -65,7 +66,7 @@ class ElasticAdapter(AdapterBase):
             return self._buffers[key]
         while len(self._buffers) >= MAX_LIVE_BUFFERS:
             _, old = self._buffers.popitem(last=False)
-            old.destroy()
+            release(old)
         self._buffers[key] = self.buffer_class(
             self.group,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank,
@@ -103,7 +104,7 @@ class ElasticAdapter(AdapterBase):
         """Destroy every buffer (before the process group goes away)."""
         while self._buffers:
             _, buffer = self._buffers.popitem()
-            buffer.destroy()
+            release(buffer)
 
     def reduction_group(self, raw: Raw) -> int:
         """Hybrid mode with ``allow_multiple_reduction`` rounds each scale-out node's sum first; otherwise

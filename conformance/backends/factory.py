@@ -9,6 +9,7 @@ from typing import Any
 
 from conformance.backends.elastic import ElasticAdapter
 from conformance.backends.legacy import LegacyAdapter
+from conformance.backends.public import public_module
 from conformance.backends.tracing import trace_classes
 from conformance.core.spec import BackendSpec
 from conformance.world.rank import cached, context, on_shutdown
@@ -72,9 +73,10 @@ def get_adapter(spec: BackendSpec) -> Any:
         ctx = context()
         if spec.plugin:
             return _build_plugin(spec, ctx)
-        if spec.substitute:
+        if spec.substitute:  # judged through its public API only (conformance/backends/public.py)
             module = substitute_module(spec)
             trace_classes(module, "class")
+            module = public_module(module, spec)
         else:
             module = importlib.import_module(library_module(spec) or "")
             trace_classes(module, spec.impl)

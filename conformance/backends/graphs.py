@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.internals import internals
 from conformance.core.example import Example
 from conformance.core.views import DispatchView
 
@@ -48,7 +49,7 @@ def worst_case_step(adapter: Any, example: Example) -> Step:
                 expert_alignment=example.expert_alignment, num_worst_tokens=worst)
             combined_x = buf.combine(recv_x, handle)[0]
             return {"recv_x": recv_x, "recv_topk_idx": recv_idx, "recv_topk_weights": recv_w,
-                    "rank_prefix_matrix": handle[0], "recv_src_idx": handle[3], "combined_x": combined_x}
+                    **internals(adapter.spec).v1_graph_fields(handle), "combined_x": combined_x}
 
         return v1
 

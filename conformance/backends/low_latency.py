@@ -13,6 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from conformance.backends.internals import LibraryInternals
 from conformance.core.cases import CleanCase, ShrinkCase
 from conformance.core.example import Example, RankInputs
 
@@ -64,12 +65,14 @@ def describe(example: Example, rank: int, use_fp8: bool, round_scale: bool, use_
 
 
 def dispatch_record(recv_x: Any, recv_count: torch.Tensor, handle: tuple, use_fp8: bool) -> dict[str, Any]:
-    """CPU copies of what a low-latency dispatch returned (after its receive phase)."""
+    """CPU copies of what a low-latency dispatch returned (after its receive phase; the handle's ``src_info`` and
+    ``layout_range`` through the internals seam: the low-latency capabilities are the built-in backends')."""
     x, scales = recv_x if use_fp8 else (recv_x, None)
+    src_info, layout_range = LibraryInternals.v1_ll_layout(handle)
     return {"x": _bytes(x), "x_dtype": str(x.dtype), "scales": None if scales is None else scales.cpu().contiguous(),
             "scales_stride": None if scales is None else tuple(scales.stride()),
             "scales_dtype": None if scales is None else str(scales.dtype),
-            "recv_count": recv_count.cpu(), "src_info": handle[0].cpu(), "layout_range": handle[1].cpu()}
+            "recv_count": recv_count.cpu(), "src_info": src_info.cpu(), "layout_range": layout_range.cpu()}
 
 
 def run(adapter: Any, inputs: RankInputs, example: Example, rank: int, world_size: int) -> dict[str, Any]:

@@ -48,7 +48,9 @@ import torch
 
 from conformance.backends.contract import Backend, NotSupported, Raw
 from conformance.backends.identity import decode_identity, identity_payload
+from conformance.backends.results import counts_list, kind, tensors
 from conformance.core.example import Example, RankInputs
+from conformance.core.raisers import ApiViolation
 from conformance.core.spec import APIS, BUILTIN_ONLY, ENTRY_POINT_GROUP, PLUGIN_CAPABILITIES, BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView, Layout, V1Layout, V2Layout, layout_of
 
@@ -287,22 +289,29 @@ class PluginBackend:
         if "cached_dispatch" in self.capabilities:
             ident = identity_payload(x.shape[0], self.identity_width(example), rank, x)
             return decode_identity(self.cached_dispatch_tokens(dispatched, ident).detach().cpu())
-        raise TypeError(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
+        raise ApiViolation(f"{self.spec.name}: Dispatched must give src_rank/src_token, or the plug-in must declare "
                         f"'cached_dispatch' so that the suite can find where each received row came from")
 
     def _view(self, dispatched: Dispatched, example: Example, rank: int, options: DispatchOptions,
               x: torch.Tensor) -> DispatchView:
+        call = self.describe_dispatch(example, rank, options)
+        if not isinstance(dispatched, Dispatched):
+            raise ApiViolation(f"{self.spec.name}: dispatch_tokens returned {kind(dispatched)}, a Dispatched expected "
+                               f"[{call}]")
+        tensors(call, recv_x=dispatched.recv_x, recv_topk_idx=dispatched.recv_topk_idx,
+                recv_topk_weights=dispatched.recv_topk_weights)
+        counts = counts_list(dispatched.num_recv_tokens_per_expert, call)
         src_rank, src_token = self.sources(dispatched, example, rank, x)
         return DispatchView(
             backend=self.spec.name,
             api=self.api,
-            call=self.describe_dispatch(example, rank, options),
+            call=call,
             src_rank=src_rank.to(torch.int64).cpu(),
             src_token=src_token.to(torch.int64).cpu(),
             x=dispatched.recv_x.detach().cpu(),
             topk_idx=dispatched.recv_topk_idx.detach().to(torch.int64).cpu(),
             topk_weights=dispatched.recv_topk_weights.detach().cpu(),
-            num_recv_tokens_per_expert=[int(c) for c in dispatched.num_recv_tokens_per_expert],
+            num_recv_tokens_per_expert=counts,
             layout=self._layout(dispatched),
             expert_alignment=self.alignment(example),
         )
@@ -445,12 +454,12 @@ def build(spec: BackendSpec, env: PluginEnv) -> Backend:
     if not isinstance(backend, Backend):
         missing = [name for name in ("dispatch", "combine", "cached_dispatch", "fused_dispatch", "fused_combine",
                                      "describe_combine", "destroy") if not callable(getattr(backend, name, None))]
-        raise TypeError(f"{spec.name}: the factory returned {type(backend).__name__}, which is not a "
+        raise ApiViolation(f"{spec.name}: the factory returned {type(backend).__name__}, which is not a "
                         f"conformance backend (missing: {', '.join(missing) or 'spec/api'}); subclass "
                         f"conformance.backends.plugins.PluginBackend")
     backend.spec = spec
     if getattr(backend, "api", spec.api) != spec.api:
-        raise TypeError(f"{spec.name}: the backend says api={backend.api!r}, its factory declared {spec.api!r}")
+        raise ApiViolation(f"{spec.name}: the backend says api={backend.api!r}, its factory declared {spec.api!r}")
     return backend
 
 
@@ -471,15 +480,40 @@ def probe(target: str, deep_ep: str | None = None, mutant: str | None = None) ->
         return {"target": target, "importable": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-#: The methods a class backend's class must have, per API (what the built-in adapters call on every property).
-CLASS_METHODS = {"v1": ("get_dispatch_layout", "dispatch", "combine", "destroy"),
-                 "v2": ("dispatch", "combine", "destroy", "get_buffer_size_hint")}
+#: The methods a class backend's class must have, per API, unless its instances provide them (a class with
+#: ``__getattr__``): without them no property can drive it.  Every other call is probed on the instance at run time
+#: (conformance/backends/public.py).
+CLASS_METHODS = {"v1": ("get_dispatch_layout", "dispatch"), "v2": ("dispatch",)}
+
+
+def class_declaration(cls: type, target: str, api: str) -> list[str] | None:
+    """The capabilities ``cls`` declares (its ``conformance_capabilities``), checked, sorted; ``None``: it declares
+    nothing (the suite probes its instance).  Raises ``TypeError`` naming what is invalid."""
+    from conformance.core.spec import CAPABILITIES, CLASS_DECLARATION, CLASS_UNAVAILABLE
+
+    declared = getattr(cls, CLASS_DECLARATION, None)
+    if declared is None:
+        return None
+    if isinstance(declared, str) or not isinstance(declared, Collection):
+        raise TypeError(f"{target} declares {CLASS_DECLARATION}={declared!r}: a collection of capability names is "
+                        f"needed")
+    unknown = sorted(set(declared) - set(CAPABILITIES))
+    if unknown:
+        raise TypeError(f"{target} declares unknown capabilities {unknown} in {CLASS_DECLARATION}; a class backend "
+                        f"may declare {', '.join(sorted(set(CAPABILITIES) - set(CLASS_UNAVAILABLE[api])))}")
+    unavailable = sorted(set(declared) & set(CLASS_UNAVAILABLE[api]))
+    if unavailable:
+        raise TypeError(f"{target} declares {', '.join(unavailable)} in {CLASS_DECLARATION}, which a class backend "
+                        f"cannot have: " + "; ".join(CLASS_UNAVAILABLE[api][c] for c in unavailable))
+    return sorted(str(c) for c in declared)
 
 
 def probe_class(target: str, api: str, deep_ep: str | None = None) -> dict[str, Any]:
     """Import a class backend's class (``v1=`` / ``v2=`` ``target``) with deep_ep resolved as on the ranks and check
-    it has the API's methods: ``{"importable": True, "library": bool, "description", "uses_deep_ep"}`` (``library``:
-    it is the real library's own class), or ``{"importable": False, "error": ...}``."""
+    it can be driven: ``{"importable": True, "library": bool, "description", "uses_deep_ep", "capabilities"}``
+    (``library``: it is the real library's own class; ``capabilities``: what it declares, ``None`` when it declares
+    nothing), or ``{"importable": False, "error": ...}``.  Methods its instances provide through ``__getattr__``
+    count: only a class without ``__getattr__`` must have :data:`CLASS_METHODS` itself."""
     try:
         if deep_ep:
             from conformance.backends.alias import use
@@ -488,15 +522,19 @@ def probe_class(target: str, api: str, deep_ep: str | None = None) -> dict[str, 
         cls = load_factory(target)
         if not isinstance(cls, type):
             raise TypeError(f"{target} is a {type(cls).__name__}, not a class with the {APIS[api]} API")
+        forwards = callable(getattr(cls, "__getattr__", None))
         missing = [m for m in CLASS_METHODS[api] if not callable(getattr(cls, m, None))]
-        if missing:
-            raise TypeError(f"{target} lacks {', '.join(missing)} of the {APIS[api]} API")
+        if missing and not forwards:
+            raise TypeError(f"{target} lacks {', '.join(missing)} of the {APIS[api]} API (on the class, and it has no "
+                            f"__getattr__ through which its instances could provide them)")
+        declared = class_declaration(cls, target, api)
         real = sys.modules.get("deep_ep")
         from conformance.backends.alias import is_emulation
 
         library = real is not None and not is_emulation(real) and getattr(real, APIS[api], None) is cls
         base = next((k for k in cls.__mro__[1:] if k.__name__ == APIS[api]), None)
         return {"target": target, "importable": True, "library": library, "uses_deep_ep": "deep_ep" in sys.modules,
+                "capabilities": declared,
                 "description": f"{cls.__module__}.{cls.__qualname__} in place of deep_ep.{APIS[api]}"
                                + (f" (a subclass of {base.__module__}.{base.__qualname__})" if base else "")}
     except Exception as exc:

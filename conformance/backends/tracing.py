@@ -101,6 +101,10 @@ def _traced_function(function: Any, name: str, bound: bool, named: bool) -> Any:
             else:
                 result = getattr(traced, TARGET)(*args, **kwargs)
             returned = True
+        except TypeError as exc:
+            if exc.__traceback__ is not None and exc.__traceback__.tb_next is None:  # raised entering the callee:
+                exc.conformance_raiser = "callee"  # type: ignore[attr-defined]  # its signature refused the arguments
+            raise
         finally:
             _stack.pop()
             CALLS.add((impl, method, frozenset(given), returned, outer))

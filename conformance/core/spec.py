@@ -56,6 +56,7 @@ class Capability(str, Enum):
     epilogue_events = "epilogue_events"
     fresh_groups = "fresh_groups"
     cuda_graphs = "cuda_graphs"
+    lifecycle = "lifecycle"
 
     def __str__(self) -> str:
         return self.value
@@ -96,6 +97,8 @@ _PROMISES: dict[str, str] = {
                        "capture())): the epilogue waits for the event's work (P22)",
     "fresh_groups": "buffers built on process groups the suite makes fresh (dist.new_group, no collective run on them; "
                     "on a GPU also a lazily initialised NCCL group and a gloo group) (P27)",
+    "lifecycle": "the suite builds the buffer class itself and drives it through call sequences: re-creation, "
+                 "destroy, a use of a destroyed buffer (P30)",
     "cuda_graphs": "host-sync-free dispatch (V1 num_worst_tokens, V2 do_cpu_sync=False) and combine captured in a "
                    "torch.cuda.CUDAGraph and replayed on new inputs, and a buffer built inside a capture; GPU only "
                    "(P29)",
@@ -103,17 +106,45 @@ _PROMISES: dict[str, str] = {
 CAPABILITIES: dict[Capability, str] = {Capability(name): text for name, text in _PROMISES.items()}
 assert set(CAPABILITIES) == set(Capability), "every capability says what it promises"
 #: Capabilities only the built-in adapters can have: their checks drive the library's buffer or module directly.
-BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface", "fresh_groups", "cuda_graphs")
+BUILTIN_ONLY = caps("qp_cap", "bad_input", "api_surface", "fresh_groups", "cuda_graphs", "lifecycle")
 #: What a plug-in may declare.
 PLUGIN_CAPABILITIES: dict[str, str] = {name: text for name, text in CAPABILITIES.items() if name not in BUILTIN_ONLY}
 _COMMON = caps("combine", "combine_weights", "combine_bias", "expert_alignment", "cached_dispatch", "autograd",
-               "events", "layout", "bad_input", "api_surface", "fresh_groups", "cuda_graphs")
+               "events", "layout", "bad_input", "api_surface", "fresh_groups", "cuda_graphs", "lifecycle")
 #: What the built-in adapters declare.
 BUILTIN_CAPABILITIES: dict[str, frozenset[str]] = {
     "v1": _COMMON | caps("fp8", "worst_case", "low_latency", "shrink", "ll_buffer"),
     "v2": _COMMON | caps("expand", "deterministic", "qp_cap", "fp8", "worst_case", "dispatch_options", "buffer_options",
                          "epilogue_events"),
 }
+#: What a class backend (``v1=`` / ``v2=``) cannot have, and why: the checks of these capabilities read what only the
+#: library's internals give (its module's own surface, the low-latency handle's layout, the raw RDMA buffer, the V1
+#: handle's tensors), and a class backend is judged through its public API only.
+CLASS_UNAVAILABLE: dict[str, dict[str, str]] = {
+    api: {
+        "api_surface": "P14 reads the deep_ep module's own surface, which a substituted class is not",
+        **({"low_latency": "the low-latency checks read the handle's src_info / layout_range, and a class backend's "
+                           "handle is opaque (judged through its public API only)",
+            "shrink": "the shrink-mode checks read the low-latency handle's src_info / layout_range (internals)",
+            "ll_buffer": "the clean checks read the library's raw RDMA buffer layout (internals)",
+            "cuda_graphs": "the V1 graph step reads the intranode handle's rank_prefix_matrix / recv_src_idx "
+                           "(internals)"} if api == "v1" else {}),
+    }
+    for api in APIS
+}
+#: What a class backend has only when it declares it: P12's rows are DeepEP 2.1.0's own refusals (the refusal
+#: table); a class that declares ``bad_input`` is held to their exception types (never to their messages).
+CLASS_DECLARED_ONLY: dict[str, str] = {
+    "bad_input": "P12's bad calls are one DeepEP build's own refusals (the refusal table): a class backend is held to "
+                 "them only when it declares 'bad_input' in conformance_capabilities",
+}
+#: What a class backend may declare (``conformance_capabilities``), per API; without a declaration it gets these but
+#: :data:`CLASS_DECLARED_ONLY`, and the suite probes its instance at run time (conformance/backends/public.py).
+CLASS_CAPABILITIES: dict[str, frozenset[str]] = {
+    api: frozenset(c for c in BUILTIN_CAPABILITIES[api] if c not in CLASS_UNAVAILABLE[api]) for api in APIS}
+#: The attribute of a class backend's class that declares what it implements (a collection of capability names;
+#: ``None`` or absent: probe the instance).
+CLASS_DECLARATION = "conformance_capabilities"
 #: Which deep_ep a backend drives: the real library, the emulation, or none (a plug-in that does not use it).
 DEEP_EP_KINDS = ("real", "emulation")
 
@@ -191,10 +222,26 @@ class BackendSpec:
         """What this backend supports (declared by a plug-in; every capability of its API for a built-in)."""
         if self.plugin:
             return self.declared or frozenset()
-        found = BUILTIN_CAPABILITIES[self.api]
-        if self.substitute:  # P14 reads the deep_ep module's own surface, which a substituted class is not
-            found = found - {"api_surface"}
+        if self.substitute:  # declared (conformance_capabilities), else probed at run time (CLASS_CAPABILITIES)
+            allowed = CLASS_CAPABILITIES[self.api]
+            if self.declared is not None:
+                found = frozenset(self.declared) & allowed
+            else:
+                found = frozenset(c for c in allowed if c not in CLASS_DECLARED_ONLY)
+        else:
+            found = BUILTIN_CAPABILITIES[self.api]
         return frozenset(c for c in found if not self.contract.capability_lost(c))  # the version's removals
+
+    def why_lacks(self, capability: str) -> str | None:
+        """Why this backend does not have ``capability`` where more than "it does not declare it" is to be said (a
+        class backend: the capability reads internals, is declared-only, or is left out of its declaration)."""
+        if not self.substitute or capability in self.capabilities:
+            return None
+        if capability in CLASS_UNAVAILABLE[self.api]:
+            return f"not offered to class backends: {CLASS_UNAVAILABLE[self.api][capability]}"
+        if self.declared is not None:
+            return f"not in {self.target}'s {CLASS_DECLARATION}"
+        return CLASS_DECLARED_ONLY.get(capability)
 
     def has(self, capability: str) -> bool:
         """Whether the backend declares ``capability``."""
@@ -227,6 +274,13 @@ class BackendSpec:
                 "'v1=package.module:Class' / 'v2=package.module:Class'"
             )
         return cls(impl, api)
+
+
+def is_builtin_name(name: str) -> bool:
+    """Whether ``name`` is a built-in backend's (``emulated-v1``, ``real-v2``): the real library's own backends (and
+    its model), the only ones held to the library's exact refusal messages."""
+    impl, _, api = name.partition("-")
+    return impl in IMPLS and api in APIS
 
 
 def unresolved_plugin(target: str) -> BackendSpec:

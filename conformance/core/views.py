@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from conformance.core.raisers import ApiViolation, NotSupported, suite_frame
+
 
 @dataclass(frozen=True)
 class DispatchOptions:
@@ -150,8 +152,15 @@ class Raised:
 
     @classmethod
     def of(cls, exc: BaseException | None) -> Raised:
-        """From a caught exception (or ``None`` when the call returned)."""
-        return cls(None, None) if exc is None else cls(type(exc).__name__, str(exc))
+        """From a caught exception (or ``None`` when the call returned).  Only what a backend raised is an outcome:
+        a :class:`~conformance.core.raisers.NotSupported`, an :class:`~conformance.core.raisers.ApiViolation` (a
+        result that broke the API: a failure) or an exception the suite's own code raised
+        (:func:`~conformance.core.raisers.suite_frame`) is raised again, never recorded as a refusal."""
+        if exc is None:
+            return cls(None, None)
+        if isinstance(exc, NotSupported | ApiViolation) or suite_frame(exc) is not None:
+            raise exc
+        return cls(type(exc).__name__, str(exc))
 
     def __str__(self) -> str:
         return "returned normally" if self.type is None else f"{self.type}({self.message!r})"

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
+from conformance.core.raisers import SuiteError
 from conformance.harness.faults import AllHung, BudgetExhausted, KnownDefectStop, describe_cause
 from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
 from conformance.properties import NotApplicable, Property
@@ -103,9 +104,10 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         started = time.monotonic()
         try:
             session.check(property_id, case)
-        except RankFailure as failure:
-            if not failure.in_step:  # a crash, a hang, or a raise that left the ranks out of step: a world restart
-                budget.charge(failure, case, time.monotonic() - started)
+        except (RankFailure, SuiteError) as failure:
+            world = failure if isinstance(failure, RankFailure) else failure.__cause__  # a suite error on the ranks
+            if isinstance(world, RankFailure) and not world.in_step:  # a crash, a hang, or a raise that left the
+                budget.charge(world, case, time.monotonic() - started)  # ranks out of step: a world restart
             raise
         finally:
             session.progress(property_id, recorder.examples)
@@ -118,37 +120,83 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
             recorder.stopped = str(stopped)
         return
 
-    # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
-    # which every property shares here): the property's view of the report directory's database.
-    database = example_database(config.database_dir, property_key(property_id, config.world_size, session.mutant))
-    # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
-    # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
-    started = time.monotonic()
-    drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
-                       database=database, report_multiple_bugs=False)
-    strategy, explicit = shaped(prop, config)
-    body = given(case=strategy)(check_one)
-    for case in reversed(explicit):
-        body = example(case=case)(body)
-    # seeded (--conformance-seed) with the database still on: the stored counterexamples are replayed first, the
-    # seeded draws follow them unchanged (conformance.harness.hypothesis_glue)
-    body = seeded(body, drawing, config.seed)
+    def draws(database_on: bool = True) -> None:
+        # One database key per property, world size and mutant (Hypothesis keys on the function's source otherwise,
+        # which every property shares here): the property's view of the report directory's database.
+        key = property_key(property_id, config.world_size, session.mutant)
+        database = example_database(config.database_dir, key) if database_on else None
+        # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
+        # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
+        started = time.monotonic()
+        drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
+                           database=database, report_multiple_bugs=False)
+        strategy, explicit = shaped(prop, config)
+        body = given(case=strategy)(check_one)
+        for case in reversed(explicit):
+            body = example(case=case)(body)
+        # seeded (--conformance-seed) with the database still on: the stored counterexamples are replayed first, the
+        # seeded draws follow them unchanged (conformance.harness.hypothesis_glue)
+        body = seeded(body, drawing, config.seed)
 
-    if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
-        from conformance.harness.stateful import stateful_test
+        if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
+            from conformance.harness.stateful import stateful_test
 
-        body = stateful_test(session, prop, SUPPRESSED)
-    try:
+            body = stateful_test(session, prop, SUPPRESSED, database_on)
         body()
         if prop.stateful is None:
             for round_seed in _more_rounds(config, started):
                 seeded(given(case=strategy)(check_one), new_draws_only(drawing), round_seed)()  # new draws only
+
+    try:
+        try:
+            draws()
+        except (AssertionError, RankFailure) as failure:
+            judge_the_others(session, prop, failure, lambda: draws(database_on=False))
+            raise
     except BudgetExhausted as exhausted:
         recorder.last_example = exhausted.case
         recorder.cause = exhausted.cause
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
     except (KnownDefectStop, AllHung) as stopped:  # the verdicts stand as counted; the report says why it stopped
         recorder.stopped = str(stopped)
+
+
+def judge_the_others(session: Any, prop: Property, failure: BaseException, redraw: Any) -> None:
+    """A backend failed ``prop`` (Hypothesis stopped drawing at its first failure and shrank it): the other backends'
+    verdicts come from draws of their own.  Their columns are dropped and the property is drawn again, the same
+    seeded draws a run without the failed backend(s) makes (no example database), leaving them out; a backend that
+    fails there too is left out in turn.  The failure of the first pass is the one the caller raises; what the later
+    passes found is counted in the columns.  (A crash or hang, or a suite error, ends it: the verdicts stand.)"""
+    recorder = session.recorder
+    tally = recorder.tally
+    if isinstance(failure, RankFailure) and (not failure.in_step or failure.suite):
+        return
+    saved = (recorder.last_example, recorder.failure_detail, recorder.first_failure_at, recorder.cause)
+    left_out: set[str] = set(session.left_out)
+    try:
+        while True:
+            failed = {name for name, column in tally.columns.items() if " vs " not in name and column.failed}
+            new = failed - left_out
+            names = session.settings_for(prop).names
+            others = [name for name in names if name not in failed | left_out]
+            if not new or not others:
+                return
+            left_out |= new
+            for name in list(tally.columns):  # the others' verdicts: from the draws of the next pass alone
+                if not set(name.split(" vs ")) & left_out:
+                    del tally.columns[name]
+            with session.leaving_out(left_out):
+                try:
+                    redraw()
+                    return
+                except KnownDefectStop as stopped:
+                    recorder.stopped = str(stopped)
+                    return
+                except (AssertionError, RankFailure) as again:  # another backend failed: counted; left out next
+                    if isinstance(again, RankFailure) and (not again.in_step or again.suite):
+                        return
+    finally:
+        recorder.last_example, recorder.failure_detail, recorder.first_failure_at, recorder.cause = saved
 
 
 def shaped(prop: Property, config: Any) -> tuple[Any, list[Any]]:

@@ -257,11 +257,15 @@ def _resolve_class(spec: Any, machine: Machine, deep_ep: str | None, real_deep_e
         hint = "" if deep_ep else " (if it imports deep_ep and there is none here, pass --deep-ep emulation)"
         raise SetupError(f"--backends {spec.name}: the class does not load: {found.get('error')}{hint}")
     kind = deep_ep.partition(":")[0] if deep_ep else ("real" if real_deep_ep.get("importable") else None)
+    declared = found.get("capabilities")
     resolved = replace(spec, deep_ep=kind if found.get("uses_deep_ep", True) else None,
-                       library=bool(found.get("library")), description=str(found.get("description") or ""))
+                       library=bool(found.get("library")), description=str(found.get("description") or ""),
+                       declared=None if declared is None else frozenset(declared))
     return resolved, (f"class backend {resolved.name}: {resolved.description}, driven by the built-in "
-                      f"{resolved.api} adapter" + (" (the real library's own class)" if resolved.library else
-                                                   "; real: false"))
+                      f"{resolved.api} adapter through its public API" + (
+                          " (the real library's own class)" if resolved.library else "; real: false")
+                      + (f"; declares {', '.join(sorted(declared)) or 'no capability'}" if declared is not None
+                         else "; declares nothing: its instance is probed at run time"))
 
 
 def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:

@@ -310,7 +310,7 @@ class ConformanceRun:
                 f"conformance: [{self.done} done] {entry.id} {entry.status}: {entry.examples} examples in "
                 f"{entry.wall_s:.1f} s (held/checked{counts or ' -'})"
                 + (f"; running: {'; '.join(running)}" if running else ""),
-                red=entry.status == "failed")
+                red=entry.status in ("failed", "suite-error"))
 
     def _jit(self) -> dict[str, Any] | None:
         """The run's JIT: its compile log (where the ranks logged one) and the warm-up."""

@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from hypothesis.errors import HypothesisException
 
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
+from conformance.core.raisers import SuiteError
 from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
@@ -66,6 +68,8 @@ class Recorder:
     #: calls: a node or rank lost while idle, or a fault surfacing after the last example); never silent
     world_lost: str | None = None
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
+    #: the first suite error (the suite's own code raised while checking): the property's status is ``suite-error``
+    suite_error: str | None = None
     #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
     #: for this property (``backends.tracing``; collected at its end: :meth:`Session.collect_api_calls`)
     api_calls: set[tuple[Any, ...]] = field(default_factory=set)
@@ -94,6 +98,7 @@ class Recorder:
             "stopped": self.stopped,
             "world_lost": self.world_lost,
             "failure_detail": self.failure_detail,
+            "suite_error": self.suite_error,
             "api_calls": calls_as_json(self.api_calls),
             "wall_s": round(time.monotonic() - self.started, 3),
         }
@@ -137,6 +142,8 @@ class Session:
         self.seen: dict[str, Any] = {}  # backend -> which deep_ep it drove on rank 0 (construction preflight)
         self.known_defects: KnownDefects = known_defects_of(config)
         self._memo: dict[tuple[Any, ...], list[Any]] = {}  # (property, settings, case) -> results (Property.memo)
+        #: Backends left out of the property being drawn again for the others (``driver.judge_the_others``).
+        self.left_out: frozenset[str] = frozenset()
         #: Called after every example with (property id, examples so far): the run's progress reporting.
         self.on_progress: Callable[[str, int], None] | None = None
         #: A hang inside one backend's calls is contained (:meth:`_contain`): charged to that backend, which the
@@ -144,6 +151,15 @@ class Session:
         #: (``harness.driver``); off for direct callers of :meth:`check` (meta-tests, the kill matrix), which see
         #: every hang raised.
         self.contain_hangs = False
+
+    @contextlib.contextmanager
+    def leaving_out(self, backends: set[str]) -> Iterator[None]:
+        """Run the property without ``backends`` (they failed it: the others are drawn again on their own)."""
+        previous, self.left_out = self.left_out, frozenset(backends)
+        try:
+            yield
+        finally:
+            self.left_out = previous
 
     @contextlib.contextmanager
     def planted(self, mutant: str | None) -> Iterator[None]:
@@ -194,7 +210,8 @@ class Session:
             if b.api in prop.apis:
                 reason = b.version_excludes(prop.needs) or reason
             if reason is not None:
-                out[b.name] = reason
+                why = [w for w in (b.why_lacks(need) for need in prop.needs) if w] if b.api in prop.apis else []
+                out[b.name] = reason + "".join(f" ({w})" for w in dict.fromkeys(why))
         return out
 
     def contract(self, backend: str) -> Any:
@@ -217,8 +234,8 @@ class Session:
         found = self._broken.get(self.mutant, {})
         leave_out = () if include_broken or prop.runs_when_broken else found
         hung = self.recorder.hung  # backends whose calls hung on an earlier example of this property
-        specs = tuple(b for b in self.config.backends
-                      if b.name not in excluded and b.name not in leave_out and b.name not in hung)
+        specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out
+                      and b.name not in hung and b.name not in self.left_out)
         self.recorder.excluded = dict(excluded)
         if not specs and hung:
             raise AllHung(f"every backend of {prop.id} hung once ({', '.join(hung)}): nothing is left to check")
@@ -275,6 +292,8 @@ class Session:
             blame = self._blame(failure, settings.names)
             if isinstance(failure, RankRaised) and failure.in_step:
                 self._check_the_others(prop, settings, case, blame)
+            if isinstance(failure, RankFailure) and failure.suite:
+                self.suite_error(blame, failure)
             message = str(failure)
             entry = self.known_defects.match(property_id, blame, case, message)
             if entry is not None:
@@ -286,43 +305,74 @@ class Session:
                     if seen >= KNOWN_DEFECT_RESTARTS:
                         raise KnownDefectStop(entry.id, seen) from None
                 return
-            tally.failed(blame)
+            tally.failed(blame, message, getattr(failure, "failed_columns", None))
             self._note_failure(failure)
             raise
         except RankFailure as failure:  # a crash or hang
-            tally.failed(self._blame(failure, settings.names))
+            tally.failed(self._blame(failure, settings.names), str(failure))
             self._note_failure(failure)
             raise
+        except HypothesisException:
+            raise
+        except Exception as exc:  # the controller's own check code raised (an oracle, a helper): a suite error
+            self.suite_error(self._blame(exc, settings.names), exc)
         checked = tuple(b for b in settings.names if b not in tally.excluded)
         for entry in self.known_defects.reached(property_id, checked, case):
             recorder.known_defect_seen(entry, case, "held")
         tally.held()
 
+    def suite_error(self, blame: tuple[str, ...], error: BaseException) -> None:
+        """The suite's own code raised while checking ``blame`` (on a rank: ``RankFailure.suite``; here: any exception
+        of a check that is not an assertion): counted as a suite error of those columns, never their failure nor a
+        pass, and raised as :class:`~conformance.core.raisers.SuiteError` (the property test fails, the run exits
+        non-zero, the kill matrix says ``error``)."""
+        where = (f" at {error.suite[min(error.suite)]} (rank {min(error.suite)})"
+                 if isinstance(error, RankFailure) and error.suite else "")
+        message = (f"SUITE ERROR{where} while checking {', '.join(blame) or 'the example'}: the suite's own code "
+                   f"raised {type(error).__name__}; no verdict on the backend(s) for this example.\n{error}")
+        self.recorder.tally.suite_error(blame, message)
+        if self.recorder.suite_error is None:
+            self.recorder.suite_error = message[:4000]
+        self._note_failure(error)
+        raise SuiteError(message) from error
+
     def _check_the_others(self, prop: Property, settings: TaskSettings, case: Any, blame: tuple[str, ...]) -> None:
         """A backend's call raised in step (the world is intact): the task ended on every rank before the other
         backends' results were checked.  Run it again without the backend(s) blamed and check the others, so each
         backend's verdict is about its own calls (a wrapper that always raises leaves the raw APIs beside it
-        checked).  Their outcome is counted here; a failure of theirs is counted too, and the blamed backend's
-        failure is the one raised (a crash or hang of theirs is raised instead: the world must be rebuilt)."""
+        checked); where another backend's call raises in step there too, it is charged and left out in turn.  Their
+        outcome is counted here; a failure of theirs is counted too, and the first blamed backend's failure is the
+        one raised (a crash or hang of theirs is raised instead: the world must be rebuilt)."""
         rest = tuple(spec for spec in settings.backends if spec.name not in blame)
         if not rest or len(rest) == len(settings.backends):
             return
-        names = tuple(spec.name for spec in rest)
         tally = self.recorder.tally
-        tally.start(names, self.pairs(names))
-        try:
-            prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
-        except (AssertionError, RankRaised) as other:
-            if isinstance(other, RankRaised) and not other.in_step:
-                raise
-            tally.failed(self._blame(other, names))
-        except RankTimeout as hang:  # one of the others hung: its failure, contained (the blamed one's is raised)
-            hung = self._contain(hang, case, names)
-            if hung is None:
-                raise
-            tally.failed((hung,))
-        else:
-            tally.held()
+        while rest:
+            names = tuple(spec.name for spec in rest)
+            tally.start(names, self.pairs(names))
+            try:
+                prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
+            except (AssertionError, RankRaised) as other:
+                if isinstance(other, RankRaised) and not other.in_step:
+                    raise
+                charged = self._blame(other, names)
+                if isinstance(other, RankRaised) and other.suite:
+                    tally.suite_error(charged, str(other))
+                else:
+                    tally.failed(charged, str(other), getattr(other, "failed_columns", None))
+                left = tuple(spec for spec in rest if spec.name not in charged)
+                if not (isinstance(other, RankRaised) and other.in_step) or len(left) == len(rest):
+                    break
+                rest = left
+            except RankTimeout as hang:  # one of the others hung: its failure, contained (the blamed one's is raised)
+                hung = self._contain(hang, case, names)
+                if hung is None:
+                    raise
+                tally.failed((hung,), str(hang))
+                break
+            else:
+                tally.held()
+                break
         tally.start(blame, [])
 
     def _contain(self, hang: RankTimeout, case: Any, names: tuple[str, ...]) -> str | None:
@@ -356,6 +406,9 @@ class Session:
             backend = failure.backend or (failure.culprit_call() or "").partition("|")[0]
             if backend in backends:
                 return (backend,)
+        several = getattr(failure, "failed_columns", None)  # a check that judged every column before raising
+        if several:
+            return tuple(several)
         return self.recorder.tally.blame()
 
     def _note_failure(self, failure: BaseException) -> None:

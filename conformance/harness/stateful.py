@@ -16,9 +16,10 @@ import time
 from typing import Any
 
 from hypothesis import settings
+from hypothesis.errors import HypothesisException
 
 from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
-from conformance.properties import Property
+from conformance.properties import BackendsFailed, Property
 from conformance.strategies import vocabulary
 from conformance.world.errors import RankFailure, RankRaised, RankTimeout
 
@@ -32,18 +33,23 @@ def sequences_for(max_examples: int) -> int:
     return max(4, max_examples // 4)
 
 
-def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
-    """The Hypothesis test running ``prop``'s state machine against ``session``'s world (call it to run)."""
+def stateful_test(session: Any, prop: Property, suppressed: list[Any], database_on: bool = True) -> Any:
+    """The Hypothesis test running ``prop``'s state machine against ``session``'s world (call it to run;
+    ``database_on=False``: without the example database, the seeded draws only)."""
     assert prop.stateful is not None
     stateful = prop.stateful
     config = session.config
     recorder = session.recorder
-    # the backends of the running sequence: every sequence starts without those whose calls hung earlier
-    state: dict[str, Any] = {"started": 0.0, "settings": session.settings_for(prop), "abandoned": False}
+    # the backends of the running sequence: every sequence starts without those whose calls hung earlier;
+    # deferred: the partial failures of the running sequence (``BackendsFailed``: some backends failed, the others go
+    # on), raised at its end; failed: those backends, left out of the later steps' checks
+    state: dict[str, Any] = {"started": 0.0, "settings": session.settings_for(prop), "abandoned": False,
+                             "deferred": [], "failed": set()}
 
     def fail(failure: BaseException, case: Any, budgeted: bool) -> None:
         tally = recorder.tally
-        tally.failed(session._blame(failure, state["settings"].names))
+        tally.failed(session._blame(failure, state["settings"].names), str(failure),
+                     getattr(failure, "failed_columns", None))
         session._note_failure(failure)
         if budgeted:
             session.budget.charge(failure, case, time.monotonic() - state["started"])
@@ -56,33 +62,58 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
             state["settings"], state["abandoned"] = session.settings_for(prop), False  # AllHung: nothing left
             recorder.examples += 1
             recorder.tally.start(state["settings"].names)
-            state["started"] = time.monotonic()
+            state.update(started=time.monotonic(), deferred=[], failed=set())
         elif state["abandoned"]:  # its state on the ranks went with the world a hang retired
             return
         task_settings = state["settings"]
         try:
             per_rank = session.world.run(stateful.step_task, task_settings, (case, index),
                                          timeout=config.example_timeout_s)
-            stateful.check_step(session, case, index, per_rank)
-        except (AssertionError, RankRaised) as failure:
-            fail(failure, case, budgeted=False)
-            raise
+            stateful.check_step(session, case, index, per_rank, failed=frozenset(state["failed"]))
+        except BackendsFailed as partial:  # the others go on; raised at the sequence's end
+            state["deferred"].append(partial)
+            state["failed"] |= partial.backends
         except RankTimeout as hang:  # one backend's calls hung: its failure; the sequence ends, the others go on
             hung = session._contain(hang, case, task_settings.names)
             if hung is None:
                 fail(hang, case, budgeted=True)
                 raise
-            recorder.tally.failed((hung,))
+            recorder.tally.failed((hung,), str(hang))
             session._note_failure(hang)
             state["abandoned"] = True
-        except RankFailure as failure:  # a crash or hang: the world is rebuilt on the next use
-            fail(failure, case, budgeted=True)
+        except RankFailure as failure:
+            if failure.suite:  # the suite's own code raised on the ranks: a suite error, no verdict
+                if not failure.in_step:
+                    session.budget.charge(failure, case, time.monotonic() - state["started"])
+                session.suite_error(session._blame(failure, task_settings.names), failure)
+            fail(failure, case, budgeted=not isinstance(failure, RankRaised))  # a crash or hang: a rebuilt world
             raise
+        except AssertionError as failure:
+            if state["deferred"]:  # no backend left: the earlier partial failures are charged too
+                failure.failed_columns = {**ended(), **getattr(failure, "failed_columns", {})}  # type: ignore
+            fail(failure, case, budgeted=False)
+            raise
+        except HypothesisException:
+            raise
+        except Exception as exc:  # the controller's check raised something else: a suite error
+            session.suite_error(recorder.tally.blame(), exc)
+
+    def ended() -> dict[str, str]:
+        """Every column a partial failure of the running sequence charged, with its first message."""
+        return {column: message for partial in reversed(state["deferred"])
+                for column, message in partial.columns.items()}
 
     def end(case: Any, failed: bool) -> None:
         if failed or state["abandoned"]:
             session.progress(prop.id, recorder.examples)
             return
+        if state["deferred"]:  # the sequence ran to its end for the backends that held: now the failure
+            session.world.run(stateful.end_task, state["settings"], case, timeout=config.example_timeout_s)
+            failure = state["deferred"][0].failure
+            failure.failed_columns = ended()
+            fail(failure, case, budgeted=False)
+            session.progress(prop.id, recorder.examples)
+            raise failure
         recorder.distinct.add(case.to_json())
         recorder.tally.held()
         session.world.run(stateful.end_task, state["settings"], case, timeout=config.example_timeout_s)
@@ -90,7 +121,8 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any]) -> Any:
 
     machine = stateful.machine(config.world_size, run_step, end)
     # One database key per property, world size and mutant (as the other properties); seeded with the database on.
-    database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant))
+    database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant)) \
+        if database_on else None
     run = settings(max_examples=sequences_for(config.max_examples), stateful_step_count=STEPS_PER_SEQUENCE,
                    deadline=None, suppress_health_check=suppressed, database=database)
     test = machine_test(machine, run, config.seed)

@@ -9,7 +9,8 @@ backends the property runs (:meth:`Tally.start`); the checks say which column th
 the column that was being checked when it was raised, and a configuration a backend cleanly rejects is counted
 beside its verdict, not instead of it.
 
-Verdict of a column, first match wins: ``failed`` (an example failed there), ``known-defect`` (only failures a
+Verdict of a column, first match wins: ``suite-error`` (the suite's own code raised while checking it: no verdict
+on the backend, and the run fails), ``failed`` (an example failed there), ``known-defect`` (only failures a
 known-defect entry matches), ``divergence`` (a documented V1/V2 difference was seen), ``passed`` (held on at least
 one example), ``unsupported`` (checked on no example: a known limit excluded every one), ``not-checked`` (a pair
 the property does not compare).
@@ -21,7 +22,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 #: Column verdicts, worst first (``not-checked`` is not a verdict on anything).
-VERDICTS = ("failed", "known-defect", "divergence", "unsupported", "passed")
+VERDICTS = ("suite-error", "failed", "known-defect", "divergence", "unsupported", "passed")
+#: The verdict of a column whose check the suite's own code broke (``conformance.core.raisers``).
+SUITE_ERROR = "suite-error"
+#: How much of a column's own failure message is kept.
+MESSAGE_CHARS = 4000
 NOT_CHECKED = "not-checked"
 
 
@@ -48,9 +53,15 @@ class Column:
     exclusions: dict[str, int] = field(default_factory=dict)  # the known limit's condition -> examples
     defects: dict[str, int] = field(default_factory=dict)  # known-defect id -> examples
     divergences: list[str] = field(default_factory=list)  # divergence keys seen here
+    suite_errors: int = 0  # examples on which the suite's own code raised while checking this column
+    #: the first failure (or suite error) charged to this column, its own message (a property's message is the
+    #: failure pytest raised, which may be another column's)
+    message: str | None = None
 
     def verdict(self) -> str:
         """This column's verdict (module docstring)."""
+        if self.suite_errors:
+            return SUITE_ERROR
         if self.failed:
             return "failed"
         if self.known_defect:
@@ -137,13 +148,26 @@ class Tally:
             column.held += 1
         self._count_exclusions()
 
-    def failed(self, blame: tuple[str, ...]) -> None:
-        """The example failed on ``blame``; the other columns were not checked to the end (but those whose check
-        had completed)."""
+    def failed(self, blame: tuple[str, ...], message: str | None = None,
+               messages: dict[str, str] | None = None) -> None:
+        """The example failed on ``blame`` (``message``: why; ``messages``: a column's own, where several failed);
+        the other columns were not checked to the end (but those whose check had completed)."""
         for name in blame:
             column = self.column(name)
             column.checked += 1
             column.failed += 1
+            own = (messages or {}).get(name) or message
+            column.message = column.message or (own and own[:MESSAGE_CHARS])
+        self._count_completed(blame)
+        self._count_exclusions()
+
+    def suite_error(self, blame: tuple[str, ...], message: str | None = None) -> None:
+        """The suite's own code raised while checking ``blame`` on this example: no verdict on them (the other
+        columns whose check had completed held)."""
+        for name in blame:
+            column = self.column(name)
+            column.suite_errors += 1
+            column.message = column.message or (message and message[:MESSAGE_CHARS])
         self._count_completed(blame)
         self._count_exclusions()
 
@@ -159,8 +183,8 @@ class Tally:
 
     # ---------------------------------------------------------------------------------------- helpers
     def _count_completed(self, blame: tuple[str, ...]) -> None:
-        for name in self.completed:
-            if name not in blame and name not in self.excluded:
+        for name in self.completed:  # (a pair with a failed member is not counted as held: it compared nothing)
+            if name not in blame and name not in self.excluded and not set(name.split(" vs ")) & set(blame):
                 column = self.column(name)
                 column.checked += 1
                 column.held += 1

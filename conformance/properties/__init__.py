@@ -62,13 +62,27 @@ class Stateful:
             ``step_task`` and checks it with ``check_step``) and whose teardown calls ``end(case, failed)``.
         step_task: the ``@rank_task`` making one step; its case is ``(case, index)``.
         end_task: the ``@rank_task`` ending a sequence on the ranks (its case is the sequence).
-        check_step: ``check_step(ctx, case, index, per_rank_results)``: raises ``AssertionError`` on a violation.
+        check_step: ``check_step(ctx, case, index, per_rank_results, failed=frozenset())``: raises
+            ``AssertionError`` on a violation; :class:`BackendsFailed` where some backends failed and others held (the
+            sequence goes on for the others, without checking ``failed``: the backends that failed earlier in it).
     """
 
     machine: Callable[..., Any]
     step_task: Callable[..., Any]
     end_task: Callable[..., Any]
     check_step: Callable[..., None]
+
+
+class BackendsFailed(AssertionError):
+    """A step of a stateful property failed on some backends while others held: the harness goes on with the sequence
+    for the others (a backend's failure never cuts another backend's check short) and raises ``failure`` at its end.
+
+    ``columns``: every column that failed at this step, with its own message; ``backends``: the backends whose own
+    column failed (left out of the checks of the later steps)."""
+
+    def __init__(self, failure: AssertionError, columns: dict[str, str], backends: set[str]) -> None:
+        super().__init__(*failure.args)
+        self.failure, self.columns, self.backends = failure, columns, backends
 
 
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error

@@ -9,7 +9,9 @@ default backend: gloo on CPU and where ranks share a GPU, NCCL with one GPU per 
 ``new_group_gloo`` (a CPU group handed to the GPU library by mistake).  The buffer and the group are destroyed after
 the dispatch.  What each way gave (works, or the refusal's message) is the report's artifact ``fresh groups``, per
 backend: an integrator reads there which groups a DeepEP version accepts.  A crash of a rank (the process dies) is a
-failure with its cause, as everywhere.
+failure with its cause, as everywhere.  A refusal counts only when the backend raised it for a call the API allows,
+and the same dispatch on the world's own group works (it is made first): a backend whose every dispatch raises fails
+with what it raised, and an exception of the suite's own code is a suite error, never "one clear refusal".
 """
 
 from __future__ import annotations

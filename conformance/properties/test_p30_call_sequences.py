@@ -5,10 +5,13 @@ autograd round trips, ``destroy`` followed by a use, re-creation.
 
 After every step: each completed result equals the oracle for its own inputs (rows byte for byte, per-expert
 counts, combine and gradients byte-exact for integer payloads), the backends agree with each other, a call on a
-destroyed buffer raises the library's exception on every rank (V2's second ``destroy()`` does nothing, as the
-library's), and nothing hangs (the example timeout).  The pytest run drives a Hypothesis state machine, one step
-per task on the persistent world (:mod:`conformance.strategies.sequences`, :mod:`conformance.tasks.sequences`); a
-failure shrinks to the shortest failing sequence and its message lists the calls that reproduce it.
+destroyed buffer raises the library's exception on every rank (its type and message for the library's own
+backends, its type for a class backend; V2's second ``destroy()`` does nothing, as the library's), and nothing hangs
+(the example timeout).  Each backend's calls end on every rank together: one backend raising is that backend's
+failure at that step, and the other backends' results of the step are still checked.  The pytest run drives a
+Hypothesis state machine, one step per task on the persistent world (:mod:`conformance.strategies.sequences`,
+:mod:`conformance.tasks.sequences`); a failure shrinks to the shortest failing sequence and its message lists the
+calls that reproduce it.
 
 Real users keep one buffer for a whole training run and interleave calls; P30 drives one `Buffer` and one
 `ElasticBuffer` per backend side by side through sequences drawn by a Hypothesis `RuleBasedStateMachine`
@@ -63,6 +66,8 @@ from conformance.assertions import (
 )
 from conformance.core.cases import SequenceCase
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload, upstream_combined_grad
+from conformance.core.raisers import SuiteError
+from conformance.core.spec import is_builtin_name
 from conformance.core.views import Raised, Unsupported
 from conformance.oracle.counts import expected_aligned_counts
 from conformance.oracle.reduction import (
@@ -71,10 +76,10 @@ from conformance.oracle.reduction import (
     owner_rank,
     reach_counts,
 )
-from conformance.properties import CheckContext, Property, Stateful, register
+from conformance.properties import BackendsFailed, CheckContext, Property, Stateful, register
 from conformance.strategies import sized
 from conformance.strategies.sequences import explicit_sequences, sequence_cases, sequence_machine
-from conformance.tasks.sequences import run_sequence, sequence_end, sequence_step
+from conformance.tasks.sequences import NotMade, StepRaised, run_sequence, sequence_end, sequence_step
 
 #: The refusal-table rows a call on a destroyed buffer raises, per (API, use); ``None``: the call does nothing.
 DESTROYED_ROWS: dict[tuple[str, str], str | None] = {
@@ -240,36 +245,95 @@ def _agree(case: SequenceCase, index: int, rank: int, first: tuple[str, Any], ot
                 assert_same_values(b[field], a[field], name=field, rank=rank, call=call, against=name_a)
 
 
-def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list[dict[str, Any]]) -> None:
-    """Step ``index`` of ``case``: every backend's result on every rank against the oracle, then pairwise."""
+def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list[dict[str, Any]],
+               failed: frozenset[str] = frozenset()) -> None:
+    """Step ``index`` of ``case``: every backend's result on every rank against the oracle, then pairwise (but the
+    backends in ``failed``: they failed earlier in the sequence).  Each backend and pair is checked to its end (one
+    that held is counted as held, ``complete``).  Where some backends failed and others held, the step raises
+    :class:`~conformance.properties.BackendsFailed` (the sequence goes on for the others: a backend's failure never
+    changes another backend's verdict); where none is left, the first failure."""
     __tracebackhide__ = True
-    step = case.steps[index]
-    try:
-        backends = list(per_rank[0]) if per_rank else []
-        for backend in backends:
-            ctx.checking((backend,))
-            results = [ranks[backend] for ranks in per_rank]
-            if step.op == "use_destroyed" and not any(isinstance(r, Unsupported) for r in results):
-                _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results],
-                                 ctx.contract(backend).refusals)
-                continue
-            for rank, result in enumerate(results):
-                if isinstance(result, Unsupported):
-                    ctx.record_unsupported(result, case)
-                    continue
-                check_result(ctx, case, index, backend, rank, result)
-        for first, other in (getattr(ctx, "pairs", None) or consecutive_pairs)(backends):
-            if any(isinstance(ranks[name], Unsupported) for ranks in per_rank for name in (first, other)):
-                continue  # nothing to compare: recorded as unsupported above
-            ctx.checking((first, other))
+    complete = getattr(ctx, "complete", None)
+    backends = [name for name in (per_rank[0] if per_rank else {}) if name not in failed]
+    failures: list[tuple[tuple[str, ...], BaseException]] = []
+    broken: set[str] = set()
+    for backend in backends:
+        ctx.checking((backend,))
+        results = [ranks[backend] for ranks in per_rank]
+        try:
+            _check_backend(ctx, case, index, backend, results)
+        except (AssertionError, SuiteError) as failure:
+            failures.append(((backend,), failure))
+            broken.add(backend)
+            continue
+        if complete is not None:
+            complete((backend,))
+    for first, other in (getattr(ctx, "pairs", None) or consecutive_pairs)(backends):
+        if first in broken or other in broken or any(
+                isinstance(ranks[name], Unsupported | NotMade) for ranks in per_rank for name in (first, other)):
+            continue  # nothing to compare: recorded as unsupported, or a failure of its own above
+        ctx.checking((first, other))
+        try:
             for rank, ranks in enumerate(per_rank):
                 _agree(case, index, rank, (first, ranks[first]), (other, ranks[other]))
-        ctx.checking(None)
-    except AssertionError as failure:
-        listing = "\n".join(f"  {line}" for line in case.calls()[: index + 1])
-        failure.args = (f"{failure.args[0]}\nthe call sequence (steps 0..{index}, shrunk by Hypothesis), on every "
-                        f"backend side by side:\n{listing}",) + failure.args[1:]
-        raise
+        except AssertionError as failure:
+            failures.append(((first, other), failure))
+            continue
+        if complete is not None:
+            complete((first, other))
+    ctx.checking(None)
+    if not failures:
+        return
+    where, failure = next(((w, f) for w, f in failures if isinstance(f, SuiteError)), failures[0])
+    ctx.checking(where)
+    listing = "\n".join(f"  {line}" for line in case.calls()[: index + 1])
+    failure.args = (f"{failure.args[0]}\nthe call sequence (steps 0..{index}, shrunk by Hypothesis), on every "
+                    f"backend side by side:\n{listing}",) + failure.args[1:]
+    if isinstance(failure, SuiteError):
+        raise failure
+    columns = {" vs ".join(w): str(f) for w, f in failures if isinstance(f, AssertionError)}
+    if any(name not in broken and not all(isinstance(ranks[name], Unsupported) for ranks in per_rank)
+           for name in backends):  # others go on
+        raise BackendsFailed(failure, columns, broken)  # type: ignore[arg-type]
+    failure.failed_columns = columns  # type: ignore[attr-defined]  # every column that failed, with its message
+    raise failure
+
+
+def _check_backend(ctx: CheckContext, case: SequenceCase, index: int, backend: str, results: list[Any]) -> None:
+    """One backend's results of step ``index`` (one per rank)."""
+    __tracebackhide__ = True
+    step = case.steps[index]
+    raised = next((r for r in results if isinstance(r, StepRaised)), None)
+    if raised is not None:
+        _raised_in_step(case, index, backend, results)
+    if any(isinstance(r, NotMade) for r in results):
+        return  # failed at an earlier step (raised there)
+    if step.op == "use_destroyed" and not any(isinstance(r, Unsupported) for r in results):
+        _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results],
+                         ctx.contract(backend).refusals)
+        return
+    for rank, result in enumerate(results):
+        if isinstance(result, Unsupported):
+            ctx.record_unsupported(result, case)
+            continue
+        check_result(ctx, case, index, backend, rank, result)
+
+
+def _raised_in_step(case: SequenceCase, index: int, backend: str, results: list[Any]) -> None:
+    """A backend's call raised at step ``index``: its failure (its traceback), or a suite error where the suite's own
+    code raised."""
+    __tracebackhide__ = True
+    first = next(r for r in results if isinstance(r, StepRaised))
+    own = {rank: r for rank, r in enumerate(results) if isinstance(r, StepRaised) and r.traceback}
+    suite = {rank: r.suite for rank, r in own.items() if r.suite}
+    shown = min(own) if own else first.ranks[0]
+    text = (own[shown].traceback or "").rstrip() if own else ""
+    last = text.splitlines()[-1] if text else "(no traceback)"
+    call = _call(case, index, backend, shown)
+    if suite:
+        raise SuiteError(f"the suite's own code raised at {suite[min(suite)]} (rank {min(suite)}) while making "
+                         f"{call}: {last}; no verdict on {backend} for this step\n{text}")
+    raise AssertionError(f"{backend} raised on rank(s) {first.ranks}: {last} [{call}]\n--- rank {shown} ---\n{text}")
 
 
 def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, results: list[Raised],
@@ -286,15 +350,40 @@ def _check_destroyed(case: SequenceCase, index: int, backend: str, api: str, res
             raise AssertionError(f"{raised[0]} on a destroyed buffer's destroy(); the library returns (its runtime is "
                                  f"None: elastic.py:375) [{call}]")
         return
-    assert_raised_everywhere(results, call=call + f" (refusal-table row {row})", expected_type=refusals.exception(row),
-                             message_pattern=refusals.message_pattern(row))
+    # the library family's exception type for every backend; its exact message for the library's own backends only
+    exact = is_builtin_name(backend)
+    assert_raised_everywhere(results, call=call + f" (refusal-table row {row}" + ("" if exact else ": its exception "
+                             "type; a class backend's message is its own") + ")", expected_type=refusals.exception(row),
+                             message_pattern=refusals.message_pattern(row) if exact else None)
 
 
 def check(ctx: CheckContext, case: SequenceCase, per_rank: list[list[dict[str, Any]]]) -> None:
-    """A whole sequence run at once (``run_sequence``: replays and the kill matrix): every step, in order."""
+    """A whole sequence run at once (``run_sequence``: replays and the kill matrix): every step, in order; a backend
+    that failed is left out of the later steps, and the first failure is raised at the end."""
     __tracebackhide__ = True
+    failed: set[str] = set()
+    deferred: list[BackendsFailed] = []
     for index in range(len(case.steps)):
-        check_step(ctx, case, index, [steps[index] for steps in per_rank])
+        try:
+            check_step(ctx, case, index, [steps[index] for steps in per_rank], frozenset(failed))
+        except BackendsFailed as partial:
+            deferred.append(partial)
+            failed |= partial.backends
+        except AssertionError as failure:  # no backend left: the earlier failures are charged too
+            if deferred:
+                columns = ended_failure(deferred).failed_columns  # type: ignore[attr-defined]
+                failure.failed_columns = {**columns, **getattr(failure, "failed_columns", {})}  # type: ignore
+            raise
+    if deferred:
+        raise ended_failure(deferred)
+
+
+def ended_failure(deferred: list[BackendsFailed]) -> AssertionError:
+    """The failure a sequence with partial failures ends with: the first, charged to every column that failed."""
+    failure = deferred[0].failure
+    failure.failed_columns = {column: message for partial in reversed(deferred)  # type: ignore[attr-defined]
+                              for column, message in partial.columns.items()}
+    return failure
 
 
 PROPERTY = register(Property(
@@ -303,7 +392,7 @@ PROPERTY = register(Property(
           "previous_event, autograd, destroy then use, re-create): every result equals the oracle, the APIs agree",
     strategy=sized(sequence_cases), task=run_sequence, check=check, case_type=SequenceCase,
     explicit=explicit_sequences,
-    needs=("combine", "cached_dispatch", "events", "bad_input"),
+    needs=("combine", "cached_dispatch", "events", "lifecycle"),
     stateful=Stateful(machine=sequence_machine, step_task=sequence_step, end_task=sequence_end, check_step=check_step),
     shapes="small",
 ))

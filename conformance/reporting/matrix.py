@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 #: Property statuses (report schema 3).
-STATUSES = ("passed", "failed", "known-defect", "skipped", "divergence", "unsupported", "not-run")
+STATUSES = ("passed", "failed", "suite-error", "known-defect", "skipped", "divergence", "unsupported", "not-run")
 
 def columns_of(document: dict[str, Any]) -> list[str]:
     """The verdict matrix' columns: every backend, then every compared pair, in the order they were seen."""
@@ -40,6 +40,8 @@ def cell(p: dict[str, Any], column: str) -> tuple[str, str]:
             f"{c}: {n}" for c, n in v["exclusions"].items()) + ")")
     if v.get("failed"):
         parts.append(f"{v['failed']} failed (shrinking included)")
+    if v.get("suite_errors"):
+        parts.append(f"{v['suite_errors']} suite error(s): the suite's own code raised, no verdict on this column")
     if v.get("known_defect"):
         parts.append("known defect " + ", ".join(f"{d} ({n})" for d, n in v["defects"].items()))
     if v.get("divergent"):
@@ -47,8 +49,9 @@ def cell(p: dict[str, Any], column: str) -> tuple[str, str]:
     return status, "; ".join(parts)
 
 
-SYMBOLS = {"passed": "passed", "failed": "FAILED", "known-defect": "known-defect", "divergence": "divergence",
-           "unsupported": "unsupported", "not-run": "not-run", "skipped": "skipped", "-": "-"}
+SYMBOLS = {"passed": "passed", "failed": "FAILED", "suite-error": "SUITE-ERROR", "known-defect": "known-defect",
+           "divergence": "divergence", "unsupported": "unsupported", "not-run": "not-run", "skipped": "skipped",
+           "-": "-"}
 
 
 def short_backend(name: str) -> str:

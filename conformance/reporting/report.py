@@ -37,7 +37,7 @@ from conformance.world.launcher import describe_engine
 
 USER_PROPERTY = "conformance"
 #: Column verdicts, worst first (harness.verdicts).
-VERDICT_ORDER = ("failed", "known-defect", "divergence", "unsupported", "passed")
+VERDICT_ORDER = ("suite-error", "failed", "known-defect", "divergence", "unsupported", "passed")
 __all__ = ["SCHEMA", "STATUSES", "USER_PROPERTY", "PropertyEntry", "entry_from_report", "finish_run", "markdown",
            "repro_command", "rerun_command", "summarise", "summary_lines", "write_reports"]
 
@@ -94,7 +94,10 @@ def _worst(statuses: list[str]) -> str | None:
 
 
 def property_status(failed: bool, skipped: bool, recorded: dict[str, Any]) -> str:
-    """The property's status from pytest's outcome and the recorded columns (module docstring)."""
+    """The property's status from pytest's outcome and the recorded columns (module docstring); ``suite-error``
+    when the suite's own code raised (never a pass, never a backend's failure)."""
+    if recorded.get("suite_error"):
+        return "suite-error"
     if failed:
         return "failed"
     if skipped:
@@ -117,7 +120,7 @@ def _failed_columns(verdicts: dict[str, Any], recorded: dict[str, Any], backends
     broken = cause.get("broken", {}) if cause.get("kind") == "construction" else {}
     if broken:
         names = list(broken)
-    elif any(c["status"] == "failed" for c in verdicts.values()):
+    elif any(c["status"] in ("failed", "suite-error") for c in verdicts.values()):
         return verdicts
     else:
         names = [cause["backend"]] if cause.get("backend") else backends
@@ -167,7 +170,7 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         world_lost=recorded.get("world_lost"),
     )
     if report.failed:
-        entry.message = _failure_message(report)
+        entry.message = recorded.get("suite_error") or _failure_message(report)
         entry.failure_detail = recorded.get("failure_detail")
         entry.rerun = rerun_command(report.nodeid, config, report_dir)
         entry.blob = _reproduce_failure_blob(report)
@@ -205,8 +208,8 @@ def annotate_verdicts(entry: PropertyEntry, config: RunConfig, distinct: int) ->
             out[name] = {**_empty_column(), "status": "unsupported", "reason": reason}
     for name, column in out.items():
         status = column["status"]
-        if status == "failed":
-            column.setdefault("reason", entry.message or describe_cause_text(entry.cause))
+        if status in ("failed", "suite-error"):  # the column's own failure where it was recorded
+            column.setdefault("reason", column.get("message") or entry.message or describe_cause_text(entry.cause))
         elif status == "divergence":
             column.setdefault("reason", "; ".join(entry.divergences.get(k, k) for k in column.get("divergences", []))
                               or "; ".join(entry.divergences.values()))
@@ -604,8 +607,8 @@ def finish_run(
 def summary_lines(document: dict[str, Any]) -> list[tuple[str, dict[str, bool]]]:
     """The terminal summary, one screen: the verdict matrix (verdict and held/checked examples, +Nx excluded by a
     known limit), the known defects, the slowest properties, completeness, the gate, where the reports are."""
-    styles = {"failed": {"red": True}, "not-run": {"yellow": True}, "passed": {"green": True},
-              "known-defect": {"yellow": True}, "unsupported": {"yellow": True}}
+    styles = {"failed": {"red": True}, "suite-error": {"red": True}, "not-run": {"yellow": True},
+              "passed": {"green": True}, "known-defect": {"yellow": True}, "unsupported": {"yellow": True}}
     columns, rows = matrix_rows(document)
     width = max([20] + [len(short_column(c)) for c in columns]) + 2
     header = f"{'property':<26}{'status':<14}" + "".join(f"{short_column(c):<{width}}" for c in columns)
@@ -783,8 +786,9 @@ def markdown(document: dict[str, Any]) -> str:
                          + (f" ({k['failed']} examples)" if k["status"] == "known-defect" else "")
                          + f" | {_md(k['wrong'])} |")
     for p in document["properties"]:
-        if p["status"] == "failed":
-            lines += ["", f"## FAILED {p['id']} (`{p['test']}`)", "", "```", p["message"] or "", "```"]
+        if p["status"] in ("failed", "suite-error"):
+            lines += ["", f"## {'FAILED' if p['status'] == 'failed' else 'SUITE ERROR'} {p['id']} (`{p['test']}`)",
+                      "", "```", p["message"] or "", "```"]
             if p["counterexample"]:
                 lines += ["", f"Counterexample: `{json.dumps(p['counterexample'])}`", "",
                           f"Reproduce: `{p['repro']}`"]

@@ -185,9 +185,11 @@ def finishing_steps(model: SequenceModel) -> list[Step]:
 
 
 def explicit_sequences(world: Any) -> list[SequenceCase]:
-    """Sequences every run checks before its draws (a random sequence reaches them rarely): two async dispatches
-    whose outputs have the same shapes (every token to expert 0: the same counts whatever the seed) but other
-    payloads, in flight at once and waited on out of issue order; then their two combines, likewise."""
+    """Sequences every run checks before its draws (a random sequence reaches them rarely): the lifecycle (a
+    dispatch, ``destroy()``, every use of the destroyed buffer: a second destroy, a dispatch, a combine through the
+    dead handle; re-creation and a round trip on the new buffer); two async dispatches whose outputs have the same
+    shapes (every token to expert 0: the same counts whatever the seed) but other payloads, in flight at once and
+    waited on out of issue order, then their two combines, likewise."""
     size = world.size
     case = SequenceCase(world_size=size, hidden=SEQUENCE_HIDDEN[0], num_topk=1, num_experts=2 * size,
                         num_max_tokens_per_rank=SEQUENCE_MAX_TOKENS[0])
@@ -203,7 +205,14 @@ def explicit_sequences(world: Any) -> list[SequenceCase]:
     for step in finishing_steps(model):
         model.apply(step)
     model.case.validate()
-    return [model.case]
+    lifecycle = SequenceModel(case)
+    for step in (Step("create"), Step("dispatch", example=first), Step("destroy"),
+                 Step("use_destroyed", use="destroy"), Step("use_destroyed", use="dispatch"),
+                 Step("use_destroyed", use="combine"), Step("create"), Step("dispatch", example=replace(first, seed=3)),
+                 Step("combine", ref=7)):
+        lifecycle.apply(step)
+    lifecycle.case.validate()
+    return [lifecycle.case, model.case]
 
 
 @st.composite

@@ -80,7 +80,8 @@ def reduction_group(adapter: Any, raw: dict[str, Any]) -> int | None:
     """How many consecutive ranks' contributions the backend's combine sums and rounds before its last level
     (``Backend.reduction_group``, optional: ``None`` where the backend does not say)."""
     method = getattr(adapter, "reduction_group", None)
-    return None if method is None else int(method(raw))
+    group = None if method is None else method(raw)
+    return None if group is None else int(group)
 
 
 def _dispatched(env: RankEnv, options: DispatchOptions = DispatchOptions()) -> dict[str, Any]:

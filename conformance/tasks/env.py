@@ -22,6 +22,7 @@ from conformance.backends.factory import get_adapter, trace_library
 from conformance.backends.limits import known_limit
 from conformance.core.cases import example_of
 from conformance.core.example import Example, RankInputs, build_rank_inputs
+from conformance.core.raisers import suite_frame
 from conformance.core.spec import BackendSpec
 from conformance.core.views import Unsupported
 from conformance.mutants import activate
@@ -115,8 +116,9 @@ class RankEnv:
                 result = call(get_adapter(spec))
             except NotSupported as exc:  # a set-up limit's (tasks.setup) names its condition
                 result = Unsupported(spec.name, f"{spec.name} {operation}", str(exc), getattr(exc, "condition", ""))
-            except Exception as exc:
-                result = limited(spec, (operation, *also), self.example, exc)
+            except Exception as exc:  # a known limit, else a failure (the backend's, or a suite error: in_step)
+                result = None if suite_frame(exc) else (declined(spec, operation, exc)
+                                                        or limited(spec, (operation, *also), self.example, exc))
                 if result is None:
                     error = exc
             in_step(self.device, spec.name, operation, error)
@@ -157,8 +159,20 @@ def rank_task(fn: Callable[[RankEnv], Any]) -> Callable[[TaskSettings, Any], Any
 def in_step(device: torch.device, backend: str, operation: str, error: BaseException | None) -> None:
     """End ``backend``'s ``operation`` on every rank together: its device work finished (a CUDA error it left is
     *sticky*: the world cannot be reused), then one small all-gather of who raised.  If any rank raised, every rank
-    raises :class:`~conformance.world.rank.RaisedInStep` (the controller keeps the world unless an error is sticky);
-    a sticky error is re-raised as it is (the world is retired)."""
+    raises :class:`~conformance.world.rank.RaisedInStep` (the controller keeps the world unless an error is sticky;
+    it says where the suite's own code raised, a suite error, ``core.raisers.suite_frame``); a sticky error is
+    re-raised as it is (the world is retired)."""
+    ranks, error = settle(device, backend, operation, error)
+    if not ranks:
+        return
+    own = None if error is None else "".join(traceback.format_exception(error))
+    raise RaisedInStep(backend, operation, ranks, own, suite_frame(error)) from error
+
+
+def settle(device: torch.device, backend: str, operation: str, error: BaseException | None
+           ) -> tuple[list[int], BaseException | None]:
+    """The common end of :func:`in_step`: ``(the ranks where backend's operation raised, this rank's error)``, every
+    rank knowing them; a sticky CUDA error is raised here (the world is retired, the failure still ``backend``'s)."""
     sticky = False
     if device.type == "cuda":
         try:
@@ -166,17 +180,24 @@ def in_step(device: torch.device, backend: str, operation: str, error: BaseExcep
         except Exception as exc:  # noqa: BLE001 - an asynchronous CUDA error of this backend's kernels
             error, sticky = error or exc, True
     ranks, any_sticky = step(error is not None, sticky)
-    if not ranks:
-        return
-    if any_sticky:
+    if ranks and any_sticky:
         if error is None:
             error = RuntimeError(f"{backend}: {operation} left a CUDA error on rank(s) {ranks}")
         # The world is retired, yet the failure is still this backend's: the controller charges it to the call
         # (run 21 on one H200: a sticky error of real-v1 was charged to every backend, emulated-v1 included).
         error.conformance_call = f"{backend}|{operation}"  # type: ignore[attr-defined]
         raise error
-    own = None if error is None else "".join(traceback.format_exception(error))
-    raise RaisedInStep(backend, operation, ranks, own) from error
+    return ranks, error
+
+
+def declined(spec: BackendSpec, operation: str, exc: BaseException) -> Unsupported | None:
+    """A class backend that declares nothing (``conformance_capabilities``) says a call is not implemented by raising
+    ``NotImplementedError``: ``unsupported`` for that backend, with its message as the reason.  (A class that declares
+    its capabilities is held to them: its ``NotImplementedError`` is a failure.)"""
+    if isinstance(exc, NotImplementedError) and spec.substitute and spec.declared is None:
+        return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"NotImplementedError: {exc}",
+                           f"{spec.class_name}.{operation} not implemented by the class")
+    return None
 
 
 def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: Exception) -> Unsupported | None:

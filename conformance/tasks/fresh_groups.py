@@ -1,7 +1,9 @@
 """Rank task of P27 (buffers on fresh process groups): per built-in backend and per way of making a group the way
 integrators do, a group made just before the buffer, no collective run on it (``dist.new_group``; on a GPU also a
 lazily initialised NCCL group and a gloo group), a buffer of that backend built on it, one dispatch, then the buffer
-destroyed and the group destroyed.  What the dispatch returned, or what it raised, comes back per way."""
+destroyed and the group destroyed.  What the dispatch returned, or what it raised, comes back per way (a refusal
+counts only when the same dispatch on the world's own group works, and only what the backend raised is a
+refusal)."""
 
 from __future__ import annotations
 
@@ -33,8 +35,8 @@ def on_fresh_group(env: RankEnv, adapter: Any, way: str) -> Any:
         fresh = type(adapter)(adapter.spec, adapter.module, group, adapter.num_nodes)
         try:
             return fresh.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)[0]
-        except Exception as exc:  # a refusal is an outcome here: the check wants it on every rank, with a message
-            return Raised.of(exc)
+        except Exception as exc:  # the backend's refusal is an outcome here (the check wants it on every rank, with a
+            return Raised.of(exc)  # message); NotSupported or the suite's own error is raised again (Raised.of)
         finally:
             fresh.destroy()
             dist.destroy_process_group(group)
@@ -42,7 +44,14 @@ def on_fresh_group(env: RankEnv, adapter: Any, way: str) -> Any:
 
 @rank_task
 def fresh_group_views(env: RankEnv) -> dict[str, Any]:
-    """``{backend: {way: DispatchView or Raised}}`` for every backend declaring ``fresh_groups``."""
-    return env.each_backend(
-        "dispatch", lambda adapter: {way: on_fresh_group(env, adapter, way) for way in ways(env.device.type)},
-        capability="fresh_groups")
+    """``{backend: {way: DispatchView or Raised}}`` for every backend declaring ``fresh_groups``.
+
+    The same dispatch is made first on the backend's buffer of the world's own group: a refusal on a fresh group
+    counts only where that one works (a backend whose every dispatch raises fails here, with what it raised, instead
+    of passing as "refused on every rank")."""
+
+    def run(adapter: Any) -> dict[str, Any]:
+        adapter.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)
+        return {way: on_fresh_group(env, adapter, way) for way in ways(env.device.type)}
+
+    return env.each_backend("dispatch", run, capability="fresh_groups")

@@ -7,7 +7,10 @@ controller's state machine sends one step per task (:func:`sequence_step`), and 
 sequence at once (:func:`run_sequence`); both run the same code.  The buffers are built with the adapters'
 production arguments but are the sequence's own: the adapters' buffers (other properties) are never touched.
 
-Every step is made on every backend in turn.  Async steps (``async_finish`` / ``async_with_compute_stream``)
+Every step is made on every backend in turn, each backend's part ending on every rank together (as
+``RankEnv.call``): a backend whose call raises is that backend's :class:`StepRaised` result (every rank knows it), its
+later steps are not made (:class:`NotMade`), and the other backends' steps go on, so that their verdicts stand.
+Async steps (``async_finish`` / ``async_with_compute_stream``)
 stay in flight until a ``wait`` step waits on their event and reads them; ``after`` passes the event of a step
 still in flight as ``previous_event`` (with ``allocate_on_comm_stream=True``, which both APIs require).  What a
 step returns per backend: the rows it read (CPU copies), ``{"pending": ...}`` for an async call not waited yet,
@@ -16,6 +19,7 @@ a :class:`~conformance.core.views.Raised` for a call on a destroyed buffer, or `
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,12 +28,14 @@ import torch
 from conformance.backends.contract import NotSupported
 from conformance.backends.factory import get_adapter
 from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
+from conformance.backends.results import counts_list, returned, tensors
 from conformance.core.cases import SequenceCase, Step
 from conformance.core.example import Example, RankInputs, build_rank_inputs, second_payload, upstream_combined_grad
+from conformance.core.raisers import suite_frame
 from conformance.core.spec import BackendSpec
 from conformance.core.views import Raised, Unsupported
 from conformance.emulation.utils import event as emulated_event
-from conformance.tasks.env import RankEnv, limited, rank_task
+from conformance.tasks.env import RankEnv, declined, limited, rank_task, settle
 from conformance.tasks.setup import refuse_if_limited
 from conformance.world.rank import backend_context, cached, on_shutdown
 
@@ -41,6 +47,27 @@ class InFlight:
     kind: str  # "dispatch", "cached", "combine"
     outputs: dict[str, Any]
     event: Any = None  # the EventOverlap (None: synchronous, already complete)
+
+
+@dataclass(frozen=True)
+class StepRaised:
+    """A backend's step raised on ``ranks`` (every rank returns this for it): that backend's failure at ``step``, or a
+    suite error where the suite's own code raised (``suite``: where, on this rank).  ``traceback``: this rank's (None
+    where it did not raise)."""
+
+    backend: str
+    step: int
+    ranks: list[int]
+    traceback: str | None
+    suite: str | None = None
+
+
+@dataclass(frozen=True)
+class NotMade:
+    """A backend's step that was not made: the backend failed at step ``failed_at`` of the sequence."""
+
+    backend: str
+    failed_at: int
 
 
 @dataclass
@@ -57,6 +84,8 @@ class BackendState:
     #: A step a known limit refused (``backends.limits``: V1 on a world size without a config): this and every
     #: later step of the sequence are that backend's Unsupported result.
     unsupported: Unsupported | None = None
+    #: The step at which the backend raised: its later steps are not made.
+    failed: StepRaised | None = None
 
 
 class SequenceState:
@@ -70,7 +99,13 @@ class SequenceState:
         finish_all(device)
         for state in self.backends.values():
             if state.buffer is not None and state.unsupported is None:  # (V1's destroy refuses where dispatch did)
-                state.buffer.destroy()
+                if state.failed is None:
+                    state.buffer.destroy()
+                    continue
+                try:  # a backend that failed in the sequence: its verdict is given, its clean-up is best effort
+                    state.buffer.destroy()
+                except Exception:  # noqa: BLE001, S110
+                    pass
         self.backends.clear()
 
 
@@ -121,29 +156,33 @@ def _dispatch(state: BackendState, buffer: Any, inputs: RankInputs, example: Exa
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(inputs.topk_idx, example.num_experts)
-        recv_x, recv_idx, recv_w, counts, handle, event = buffer.dispatch(
+        per_rank, per_rdma, per_expert, in_rank, _ = returned(
+            "Buffer.get_dispatch_layout", buffer.get_dispatch_layout(inputs.topk_idx, example.num_experts), 5)
+        recv_x, recv_idx, recv_w, counts, handle, event = returned("Buffer.dispatch", buffer.dispatch(
             inputs.x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma, is_token_in_rank=in_rank,
             num_tokens_per_expert=per_expert, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights,
-            expert_alignment=example.expert_alignment, async_finish=step.async_op, **flags)
+            expert_alignment=example.expert_alignment, async_finish=step.async_op, **flags), 6)
     else:
-        recv_x, recv_idx, recv_w, handle, event = buffer.dispatch(
+        recv_x, recv_idx, recv_w, handle, event = returned("ElasticBuffer.dispatch", buffer.dispatch(
             inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights, num_experts=example.num_experts,
             num_max_tokens_per_rank=example.num_max_tokens_per_rank, expert_alignment=example.expert_alignment,
-            async_with_compute_stream=step.async_op, **flags)
+            async_with_compute_stream=step.async_op, **flags), 5)
         counts = handle.num_recv_tokens_per_expert_list
-    return InFlight("dispatch", {"x": recv_x, "topk_idx": recv_idx, "topk_weights": recv_w, "counts": list(counts),
-                                 "handle": handle}, event if step.async_op else None)
+    call = f"{state.spec.class_name}.dispatch (step {step.op})"
+    return InFlight("dispatch", {"x": recv_x, "topk_idx": recv_idx, "topk_weights": recv_w,
+                                 "counts": counts_list(counts, call), "handle": handle},
+                    event if step.async_op else None)
 
 
 def _cached(state: BackendState, buffer: Any, handle: Any, x: torch.Tensor, step: Step) -> InFlight:
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        recv_x, _, _, _, _, event = buffer.dispatch(x, handle=handle, async_finish=step.async_op, **flags)
+        recv_x, _, _, _, _, event = returned("Buffer.dispatch(x, handle=handle)", buffer.dispatch(
+            x, handle=handle, async_finish=step.async_op, **flags), 6)
     else:  # production convention: num_experts passed (P12 covers the known defect without it)
-        recv_x, _, _, _, event = buffer.dispatch(x, handle=handle, num_experts=handle.num_experts,
-                                                 async_with_compute_stream=step.async_op, **flags)
+        recv_x, _, _, _, event = returned("ElasticBuffer.dispatch(x, handle=handle)", buffer.dispatch(
+            x, handle=handle, num_experts=handle.num_experts, async_with_compute_stream=step.async_op, **flags), 5)
     return InFlight("cached", {"x": recv_x}, event if step.async_op else None)
 
 
@@ -152,11 +191,11 @@ def _combine(state: BackendState, buffer: Any, handle: Any, x: torch.Tensor, ste
     previous = _previous(state, step.after)
     flags = {"previous_event": previous, "allocate_on_comm_stream": previous is not None}
     if state.spec.api == "v1":
-        combined, combined_w, event = buffer.combine(x, handle, topk_weights=topk_weights, async_finish=step.async_op,
-                                                     **flags)
+        combined, combined_w, event = returned("Buffer.combine", buffer.combine(
+            x, handle, topk_weights=topk_weights, async_finish=step.async_op, **flags), 3)
     else:
-        combined, combined_w, event = buffer.combine(x, handle, topk_weights=topk_weights, num_sms=0,
-                                                     async_with_compute_stream=step.async_op, **flags)
+        combined, combined_w, event = returned("ElasticBuffer.combine", buffer.combine(
+            x, handle, topk_weights=topk_weights, num_sms=0, async_with_compute_stream=step.async_op, **flags), 3)
     return InFlight("combine", {"x": combined, "topk_weights": combined_w}, event if step.async_op else None)
 
 
@@ -168,6 +207,8 @@ def _read(flight: InFlight) -> dict[str, Any]:
             out[name] = value.cpu().clone()
         elif name == "counts":
             out[name] = [int(c) for c in value]
+        elif name == "x" or (name in ("topk_idx", "topk_weights") and flight.kind == "dispatch"):
+            tensors(f"{flight.kind} (its {name})", **{name: value})  # the API returns a tensor there
     return out
 
 
@@ -205,7 +246,8 @@ def _grad(state: BackendState, example: Example, rank: int, device: torch.device
     return {"kind": "grad", "combined": combined.detach().cpu().clone(), "grad_x": x.grad.cpu().clone()}
 
 
-def _use_destroyed(state: BackendState, case: SequenceCase, step: Step, rank: int, device: torch.device) -> Raised:
+def _use_destroyed(state: BackendState, case: SequenceCase, step: Step, rank: int, device: torch.device,
+                   num_nodes: int) -> Raised:
     """Call the destroyed buffer; what it raised (``Raised.of(None)``: it returned)."""
     buffer = state.destroyed
     probe = next((s.example for s in reversed(case.steps) if s.example is not None), None) or case.base_example()
@@ -217,14 +259,35 @@ def _use_destroyed(state: BackendState, case: SequenceCase, step: Step, rank: in
             ref, handle = max(state.dead_handles.items(), key=lambda item: item[0])
             rows = state.results[ref].outputs["x"] if ref in state.results else None
             buffer.combine(rows, handle) if state.spec.api == "v1" else buffer.combine(rows, handle, num_sms=0)
-        elif state.spec.api == "v1":
-            buffer.dispatch(inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights)
+        elif state.spec.api == "v1":  # a call the API allows (the layout a live buffer would have given)
+            per_rank, per_rdma, per_expert, in_rank = v1_layout(inputs.topk_idx, probe.num_experts,
+                                                                 probe.world_size, num_nodes)
+            buffer.dispatch(inputs.x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                            is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=inputs.topk_idx,
+                            topk_weights=inputs.topk_weights)
         else:
             buffer.dispatch(inputs.x, topk_idx=inputs.topk_idx, topk_weights=inputs.topk_weights,
                             num_experts=probe.num_experts)
     except Exception as exc:  # the expected refusal; the controller judges type and message
         return Raised.of(exc)
     return Raised.of(None)
+
+
+def v1_layout(topk_idx: torch.Tensor, num_experts: int, num_ranks: int, num_nodes: int
+              ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """``get_dispatch_layout``'s ``(num_tokens_per_rank, num_tokens_per_rdma_rank, num_tokens_per_expert,
+    is_token_in_rank)`` as V1 documents them, computed here (for a call on a destroyed buffer, which has no layout
+    call left): the call the API allows."""
+    per_rank_experts = max(1, num_experts // num_ranks)
+    owner = torch.where(topk_idx >= 0, topk_idx // per_rank_experts, torch.full_like(topk_idx, -1))
+    in_rank = (owner.unsqueeze(-1) == torch.arange(num_ranks, device=topk_idx.device)).any(dim=1)
+    ids = topk_idx[topk_idx >= 0]
+    per_expert = torch.bincount(ids, minlength=num_experts).to(torch.int32)
+    per_rdma = None
+    if num_nodes > 1:
+        per_rdma = in_rank.reshape(in_rank.shape[0], num_nodes, num_ranks // num_nodes).any(dim=2).sum(dim=0).to(
+            torch.int32)
+    return in_rank.sum(dim=0).to(torch.int32), per_rdma, per_expert, in_rank
 
 
 def apply_step(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
@@ -240,7 +303,7 @@ def apply_step(env: RankEnv, state: BackendState, case: SequenceCase, index: int
         state.dead_handles, state.handles = state.handles, {}
         return None
     if step.op == "use_destroyed":
-        return {"api": state.spec.api, "raised": _use_destroyed(state, case, step, rank, device)}
+        return {"api": state.spec.api, "raised": _use_destroyed(state, case, step, rank, device, env.ctx.num_nodes)}
     if step.op == "grad":
         assert step.example is not None
         return _grad(state, step.example, rank, device)
@@ -268,11 +331,29 @@ def _run_step(env: RankEnv, sequence: SequenceState, case: SequenceCase, index: 
         sequence.reset(env.device)
         for spec in env.specs():
             sequence.backends[spec.name] = BackendState(spec, get_adapter(spec).module)
-    out = {}
-    for name, state in sequence.backends.items():
-        with backend_context(name, f"step {index} ({case.steps[index].op})"):  # a hang or crash is that backend's
-            out[name] = _step_or_unsupported(env, state, case, index)
-    return out
+    return {name: _step_in_step(env, state, case, index) for name, state in sequence.backends.items()}
+
+
+def _step_in_step(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
+    """One backend's part of step ``index``, ended on every rank together: its result, or its :class:`StepRaised`
+    (every rank knows it; the later steps are :class:`NotMade`), so that the other backends' steps go on."""
+    name = state.spec.name
+    if state.failed is not None:
+        return NotMade(name, state.failed.step)
+    operation = f"step {index} {case.steps[index].op}"
+    error: BaseException | None = None
+    result: Any = None
+    with backend_context(name, operation):
+        try:
+            result = _step_or_unsupported(env, state, case, index)
+        except Exception as exc:  # judged by the controller (the backend's failure, or a suite error)
+            error = exc
+        ranks, error = settle(env.device, name, operation, error)
+    if not ranks:
+        return result
+    own = None if error is None else "".join(traceback.format_exception(error))
+    state.failed = StepRaised(name, index, ranks, own, suite_frame(error))
+    return state.failed
 
 
 def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
@@ -286,6 +367,11 @@ def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, 
                                         getattr(exc, "condition", ""))
         return state.unsupported
     except Exception as exc:
+        if suite_frame(exc) is not None:  # the suite's own error is never a known limit
+            raise
+        state.unsupported = declined(state.spec, case.steps[index].op, exc)
+        if state.unsupported is not None:
+            return state.unsupported
         step = case.steps[index]
         examples = [step.example, case.steps[step.ref].example if step.ref >= 0 else None]
         example = next((e for e in examples if e is not None), case.base_example())  # the step's, its dispatch's

@@ -22,8 +22,12 @@ class RankFailure(RuntimeError):
         hosts: dict[int, str] | None = None,
         backend: str | None = None,
         in_step: bool = False,
+        suite: dict[int, str] | None = None,
     ) -> None:
         self.target = target
+        #: rank -> where the suite's own code raised on that rank (``path:line in function``): a suite error, never
+        #: the backend's failure (``conformance.core.raisers``).
+        self.suite = dict(suite or {})
         #: The backend whose call failed, where the ranks know it (a backend's call raised in step).
         self.backend = backend
         #: Every rank ended the task together after a backend's call raised: the world was kept, not retired.
@@ -47,6 +51,10 @@ class RankFailure(RuntimeError):
             headline += f"; rank(s) {waiting} were still running (their stacks follow)"
         if in_step:
             headline += "; every rank ended the task in step (the world was kept)"
+        if self.suite:
+            rank = min(self.suite)
+            headline = (f"SUITE ERROR (the suite's own code raised, at {self.suite[rank]} on rank {rank}; not a "
+                        f"verdict on any backend): {headline}")
         details = "\n".join(f"--- rank {rank} ---\n{text.rstrip()}" for rank, text in sorted(per_rank.items()))
         super().__init__(f"{headline}\n{details}")
 

@@ -430,6 +430,7 @@ class World:
         errors: dict[int, str] = {}
         in_step: dict[int, dict[str, Any]] = {}  # rank -> its RaisedInStep (a backend's call raised, all ranks know)
         error_calls: dict[int, str] = {}  # rank -> the backend call its world-retiring error was in, where known
+        suite: dict[int, str] = {}  # rank -> where the suite's own code raised (a suite error, core.raisers)
         crashed: list[_Rank] = []
         pending = {r.conn: r for r in self._ranks}
         while pending:
@@ -451,9 +452,14 @@ class World:
                 elif kind == "raised":
                     in_step[r.rank] = value
                     errors[r.rank] = value["traceback"]
-                elif isinstance(value, dict):  # a backend's sticky error: the world is retired, the call known
+                    if value.get("suite"):
+                        suite[r.rank] = value["suite"]
+                elif isinstance(value, dict):  # a backend's sticky error (the call known) or a suite error
                     errors[r.rank] = value["traceback"]
-                    error_calls[r.rank] = value["call"]
+                    if value.get("call"):
+                        error_calls[r.rank] = value["call"]
+                    if value.get("suite"):
+                        suite[r.rank] = value["suite"]
                 else:
                     errors[r.rank] = value
             if errors or crashed:
@@ -468,7 +474,7 @@ class World:
                                f"{first['operation']} [{first['backend']}]") for rank in sorted(in_step)}
             raise RankRaised(target, per_rank, culprits=raised_on,
                              calls={rank: f"{first['backend']}|{first['operation']}" for rank in raised_on},
-                             backend=first["backend"], in_step=True)
+                             backend=first["backend"], in_step=True, suite=suite)
         stuck = list(pending.values())
         seen = self._inspect(crashed, stuck)
         calls = {rank: info["call"] for rank, info in seen.items() if info.get("call")} | error_calls
@@ -487,7 +493,7 @@ class World:
             raise RankCrashed(target, {**per_crashed, **errors, **per_stuck}, culprits=[r.rank for r in crashed],
                               calls=calls, signals=signals, hosts={r.rank: r.node.host for r in self._ranks})
         if errors:
-            raise RankRaised(target, {**errors, **per_stuck}, culprits=list(errors), calls=calls)
+            raise RankRaised(target, {**errors, **per_stuck}, culprits=list(errors), calls=calls, suite=suite)
         raise RankTimeout(target, per_stuck, calls=calls)
 
     def _inspect(self, crashed: list[_Rank], stuck: list[_Rank]) -> dict[int, dict[str, Any]]:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from conformance.core.raisers import suite_frame
 from conformance.world.protocol import (
     CALL_SLOT_BYTES,
     OFFSET_BYTES,
@@ -186,10 +187,13 @@ class RaisedInStep(Exception):  # noqa: N818 - an outcome the controller reads, 
     this, so the world is still in step and need not be retired (``conformance.tasks.env.RankEnv.call``).
 
     ``backend``: the backend whose call raised; ``operation``: what was called; ``ranks``: the ranks where it raised
-    (the others raise this too, naming them); ``own``: this rank's traceback, or ``None`` where it did not raise."""
+    (the others raise this too, naming them); ``own``: this rank's traceback, or ``None`` where it did not raise;
+    ``suite``: where the suite's own code raised it on this rank (a suite error, ``core.raisers.suite_frame``), or
+    ``None`` (the backend raised it)."""
 
-    def __init__(self, backend: str, operation: str, ranks: list[int], own: str | None) -> None:
-        self.backend, self.operation, self.ranks, self.own = backend, operation, ranks, own
+    def __init__(self, backend: str, operation: str, ranks: list[int], own: str | None,
+                 suite: str | None = None) -> None:
+        self.backend, self.operation, self.ranks, self.own, self.suite = backend, operation, ranks, own, suite
         where = f"raised on rank(s) {ranks}"
         super().__init__(f"{backend}: {operation} {where}" + ("" if own else " (not on this rank)"))
 
@@ -470,11 +474,13 @@ def _serve(conn: Connection) -> None:
         except RaisedInStep as exc:  # every rank ends the task this way: the world stays usable
             own = exc.own and exc.own + _printed_during_task()
             reply = ("raised", {"backend": exc.backend, "operation": exc.operation, "ranks": exc.ranks,
-                                "traceback": own or traceback.format_exc()})
+                                "traceback": own or traceback.format_exc(), "suite": exc.suite})
         except BaseException as exc:  # reported to the controller, which retires this world
             call = getattr(exc, "conformance_call", None)  # a backend's sticky error (tasks.env.in_step)
+            suite = suite_frame(exc)  # the suite's own code raised it: a suite error
             told = traceback.format_exc() + _printed_during_task()
-            reply = ("error", told if call is None else {"traceback": told, "call": call})
+            reply = ("error", told if call is None and suite is None else {"traceback": told, "call": call,
+                                                                            "suite": suite})
         switched = _stream_left_switched()
         if switched is not None and reply[0] != "error":  # a poisoned rank: the controller retires this world
             reply = ("error", f"the task {target if isinstance(target, str) else task.__qualname__} {switched}; "
