@@ -47,7 +47,12 @@ class SharedGpuHangingElasticBuffer(ElasticBuffer):
     """``ElasticBuffer`` whose constructor never returns with ``num_cpu_bytes > 0`` where the ranks share one GPU
     (``CONFORMANCE_RANK_SETUP=shared``), as the real V2 of DeepEP 2.1.0 did there (docs/real-runs/2026-12-04-1xH200,
     runs 16 and 18; the set-up limit shared-gpu-v2-cpu-bytes): the real library's set-up limit, on a CPU.  The
-    self-tests run it flagged as the real library's own class (``BackendSpec.library``), so the set-up limits apply."""
+    self-tests run it flagged as the real library's own class (``BackendSpec.library``), so the set-up limits apply;
+    it declares ``bad_input`` (P12's bad calls), which a class backend is held to only when it declares it."""
+
+    conformance_capabilities = frozenset({"combine", "combine_weights", "combine_bias", "expert_alignment",
+                                          "cached_dispatch", "autograd", "events", "layout", "expand", "deterministic",
+                                          "qp_cap", "bad_input", "lifecycle"})
 
     def __init__(self, group: Any, *args: Any, **kwargs: Any) -> None:
         # (num_bytes left out: the library's Python assert comes first, deep_ep/buffers/elastic.py:286)

@@ -137,8 +137,12 @@ def shared_session():
     from conformance.harness.session import Session
     from conformance.world.launcher import WorldShape
 
-    def stand_in(name: str, real: bool) -> BackendSpec:
-        return BackendSpec(CLASS, "v2", name.partition("=")[2], deep_ep="emulation", library=real)
+    from conformance.backends.plugins import probe_in_subprocess
+
+    def stand_in(name: str, real: bool) -> BackendSpec:  # with its class's declaration, read as the controller does
+        declared = probe_in_subprocess(name.partition("=")[2], "emulation", api="v2").get("capabilities")
+        return BackendSpec(CLASS, "v2", name.partition("=")[2], deep_ep="emulation", library=real,
+                           declared=None if declared is None else frozenset(declared))
 
     backends = (*parse_backends("emulated-v2", False), stand_in(REAL_LIKE, True), stand_in(FORK, False))
     config = RunConfig(WorldShape(1, 2), backends, "cpu", TIMEOUT_S, rank_setup="shared",
@@ -257,4 +261,6 @@ def test_a_hang_in_a_call_sequence_ends_that_sequence_and_the_next_run_without_t
     columns = session.recorder.tally.columns
     assert (columns[fork.name].failed, columns[fork.name].checked) == (1, 1), columns[fork.name]
     emulated = columns["emulated-v2"]
-    assert emulated.failed == 0 and emulated.held == session.recorder.examples - 1 >= 2, (emulated, session.recorder)
+    # the others are judged on the draws of a run without the fork (harness.driver: judge_the_others), so every one
+    # of their sequences held, the one the fork hung in among them or not
+    assert emulated.failed == 0 and emulated.held >= session.recorder.examples - 1 >= 2, (emulated, session.recorder)
