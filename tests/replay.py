@@ -95,13 +95,14 @@ def recorded_machine(rec: dict) -> Iterator[None]:
     ranks on one GPU (``rank_setup`` shared) saw no NVLink bandwidth between them (the library's ``get_nvlink_gbs()``
     found no NVLink link and returned 0: the 2.5.0 recording's log says ``Failed to get NVLink connection speed``), so
     the real V2 took its floor of 4 SMs where the emulation's two-GPU model takes more (22 on 2.1.0: fixtures/
-    deepep-real-2026-12-02/README.md; 28 on 2.5.0 for the cases' ``base``): ``DEEP_EP_EMULATION_NVLINK_GBS=0`` gives
-    it that condition, unless the caller set the variable."""
+    deepep-real-2026-12-02/README.md; 28 on 2.5.0 for the cases' ``base``): ``DEEP_EP_EMULATION_NVLINK_GBS=1`` gives
+    it that condition (any bandwidth below a few GB/s gives two ranks the floor), unless the caller set the
+    variable."""
     shared = rec.get("meta", {}).get("recorder", {}).get("rank_setup") == "shared"
     if not shared or "DEEP_EP_EMULATION_NVLINK_GBS" in os.environ:
         yield
         return
-    os.environ["DEEP_EP_EMULATION_NVLINK_GBS"] = "0"
+    os.environ["DEEP_EP_EMULATION_NVLINK_GBS"] = "1"
     try:
         yield
     finally:
