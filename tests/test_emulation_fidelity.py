@@ -43,8 +43,10 @@ RECORDINGS = {(v if _VERSIONS.count(v) == 1 else Path(cases).name): (cases, sect
 CASES = [(label, name) for label, (cases, _) in RECORDINGS.items() for name in replay.recorded_case_names(cases)]
 JOBS = [(f"{label}/case:{name}", "tests.replay:replay_recorded_case", (name,), {"fixtures_dir": RECORDINGS[label][0]})
         for label, name in CASES]
-JOBS += [(f"{label}/errors", "tests.replay:replay_recorded_errors", (), {"fixtures_dir": cases})
-         for label, (cases, _) in RECORDINGS.items()]
+#: The recordings with the old cases (and so the bad calls on the ``base`` case); a sections-only one has none.
+ERRORS = [label for label, (cases, _) in RECORDINGS.items() if replay.recorded_case_names(cases)]
+JOBS += [(f"{label}/errors", "tests.replay:replay_recorded_errors", (), {"fixtures_dir": RECORDINGS[label][0]})
+         for label in ERRORS]
 JOBS += [
     ("megatron", "tests.test_emulation_fidelity:megatron_style_round_trip", (), {}),
     ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", (), {}),
@@ -277,9 +279,37 @@ def test_recorded_section_matches(recording: str, section: str, request: pytest.
     _assert_clean(request.getfixturevalue("world_results"), f"{recording}/section:{section}")
 
 
-@pytest.mark.parametrize("recording", list(RECORDINGS))
+@pytest.mark.parametrize("recording", ERRORS)
 def test_recorded_errors_match(world_results: list[dict], recording: str) -> None:
     _assert_clean(world_results, f"{recording}/errors")
+
+
+def test_the_2_5_0_comparison_catches_2_1_0s_behaviour() -> None:
+    """Planted: 2.1.0's results (V1 present, its SM count, its assertion sites, its JIT failure) compared with the
+    2.5.0 recording are mismatches, named; the JIT comparison tells static assertions apart."""
+    if "2.5.0" not in RECORDINGS:
+        pytest.skip("DEEPEP_REAL_FIXTURES names one recording: the 2.5.0 recording is not replayed")
+    cases = RECORDINGS["2.5.0"][0]
+    rec25, rec21 = replay.load_recording(0, cases), replay.load_recording(0, str(replay.DEFAULT_FIXTURES))
+    got = {k: rec21["cases"]["base"][k] for k in ("v1", "v2", "v2_det", "v2_expand")}
+    mismatches = replay.compare_case(got, rec25["cases"]["base"], "base")
+    assert set(mismatches) == {"base.v1.error", "base.v2.handle.num_sms", "base.v2_det.handle.num_sms",
+                               "base.v2_expand.handle.num_sms"}, mismatches
+    assert "expected \"AttributeError: module 'deep_ep' has no attribute 'Buffer'\"" in mismatches["base.v1.error"]
+    chk = replay._Checker("errors", None)  # noqa: SLF001 - the fidelity test's checker
+    replay.compare_errors(chk, rec21["errors"], rec25["errors"])
+    assert set(chk.mismatches) == {"errors.v2_previous_event_without_comm_alloc.message",
+                                   "errors.v2_int32_topk_idx.message"}, chk.mismatches
+    recorded = rec25["cases"]["small"]["v2"]["error"]
+    assert replay.comparable_message(rec21["cases"]["small"]["v2"]["error"]) != replay.comparable_message(recorded)
+    import conformance.emulation.v2_5_0.buffers.ep as ep
+    from conformance.emulation import _refusals
+
+    with _refusals.version("2.5.0"):
+        emulated = ep._jit_error("v2_combine_hidden_jit", ("impls/ep/combine.cuh", 110, "Invalid hidden"))  # noqa: SLF001
+        other = ep._jit_error("v2_combine_hidden_jit", ("impls/ep/combine.cuh", 110, "Invalid hid"))  # noqa: SLF001
+    assert replay.comparable_message(f"RuntimeError: {emulated}") == replay.comparable_message(recorded)
+    assert replay.comparable_message(f"RuntimeError: {other}") != replay.comparable_message(recorded)
 
 
 def test_every_recorded_version_is_replayed_against_its_own_emulation() -> None:
