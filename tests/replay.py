@@ -1,11 +1,18 @@
-"""Replay the real-library recordings (``fixtures/deepep-real``) against the emulation, inside one rank; compare
-recordings with each other.
+"""Replay the real-library recordings (``fixtures/deepep-real``, ``fixtures/deepep-real-2.5.0-2026-12-06``, ...)
+against the emulation of the recording's DeepEP version, inside one rank; compare recordings with each other.
 
 Call from an initialised 2-rank world (any backend); every rank calls the same function:
 
     mismatches = replay_recorded_case('base')      # {} when every field matches byte for byte
     mismatches = replay_recorded_errors()
     mismatches = replay_recorded_section('v1_fp8_dispatch')   # a section recorded by fixtures/record.py
+
+Each recording is replayed against the emulation of the version it recorded (``meta['deep_ep']``: 2.1.0 ->
+``conformance.emulation``, 2.5.0 -> ``conformance.emulation.v2_5_0``, the module ``--deep-ep emulation:VERSION``
+selects: :func:`emulation_of`), through that version's classes (its contract, ``conformance/versions/<version>/``:
+V2 is ``ElasticBuffer`` on 2.1.0, ``EPBuffer`` on 2.5.0).  A call the version does not have is made all the same and
+must raise what the real library raised (2.5.0's ``Buffer``: ``AttributeError: module 'deep_ep' has no attribute
+'Buffer'``); nothing is skipped for a version.
 
 The old cases and errors are replayed with this module's own calls (written from the recordings' README,
 independently of ``fixtures/record.py``); a section of ``fixtures/record.py`` is replayed with that script's calls
@@ -15,6 +22,10 @@ replay runs the calls, then compares what came back with the recording through t
 (``tests/test_record.py``).  Where the library leaves an order open (V2 arrival order, low-latency blocks) or
 memory unwritten (worst-case padding), the comparison normalises as documented at each function.
 
+A recording compacted by ``fixtures/compact.py`` is read as it was recorded: its reference markers are the reference
+recording's inputs, and a tensor kept as its digests (:class:`Digest`) is compared by hashing the emulation's tensor,
+row by row where the comparison orders rows (a mismatch says the digest differs, with the shapes and the rows).
+
 Recorded inputs are CPU tensors; they are moved to ``device`` (default: CPU).  The recording read is
 ``fixtures/deepep-real`` unless ``fixtures_dir`` or the environment variable ``DEEPEP_REAL_FIXTURES`` names another.
 """
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
 import os
 import re
@@ -35,14 +47,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from conformance.emulation.elastic import ElasticBuffer
-from conformance.emulation.legacy import Buffer
+from conformance import versions
+from conformance.backends import alias
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_FIXTURES = ROOT / "fixtures" / "deepep-real"
 #: The newest recording of ``fixtures/record.py``'s sections (two ranks sharing one H200; its README says how).
 SECTIONS_FIXTURES = ROOT / "fixtures" / "deepep-real-2026-12-05"
+#: The real DeepEP 2.5.0's recording (the old cases and errors; two ranks sharing one H100; compacted).
+FIXTURES_2_5_0 = ROOT / "fixtures" / "deepep-real-2.5.0-2026-12-06"
+#: What the fidelity self-test replays by default: ``(cases and errors, sections)`` of each recorded version.
+FIDELITY_RECORDINGS = ((DEFAULT_FIXTURES, SECTIONS_FIXTURES), (FIXTURES_2_5_0, FIXTURES_2_5_0))
 RECORDER = ROOT / "fixtures" / "record.py"
+COMPACT = ROOT / "fixtures" / "compact.py"
 V2_KWARGS = {"num_max_tokens_per_rank": 128, "hidden": 7168, "num_topk": 8}
 V1_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
              "is_token_in_rank", "send_head")
@@ -74,10 +91,13 @@ def sections_dir(fixtures_dir: str | None = None) -> str:
 
 @contextlib.contextmanager
 def recorded_machine(rec: dict) -> Iterator[None]:
-    """The emulation's stand-ins for the recording machine while a section replays: a recording made with both ranks
-    on one GPU (``rank_setup`` shared) saw no NVLink bandwidth between them, so the real V2 took its floor of 4 SMs
-    where the emulation's two-GPU model takes 22 (fixtures/deepep-real-2026-12-02/README.md):
-    ``DEEP_EP_EMULATION_NVLINK_GBS=1`` gives it that condition, unless the caller set the variable."""
+    """The emulation's stand-ins for the recording machine while a recording replays: a recording made with both
+    ranks on one GPU (``rank_setup`` shared) saw no NVLink bandwidth between them (the library's ``get_nvlink_gbs()``
+    found no NVLink link and returned 0: the 2.5.0 recording's log says ``Failed to get NVLink connection speed``), so
+    the real V2 took its floor of 4 SMs where the emulation's two-GPU model takes more (22 on 2.1.0: fixtures/
+    deepep-real-2026-12-02/README.md; 28 on 2.5.0 for the cases' ``base``): ``DEEP_EP_EMULATION_NVLINK_GBS=1`` gives
+    it that condition (any bandwidth below a few GB/s gives two ranks the floor), unless the caller set the
+    variable."""
     shared = rec.get("meta", {}).get("recorder", {}).get("rank_setup") == "shared"
     if not shared or "DEEP_EP_EMULATION_NVLINK_GBS" in os.environ:
         yield
@@ -89,10 +109,76 @@ def recorded_machine(rec: dict) -> Iterator[None]:
         del os.environ["DEEP_EP_EMULATION_NVLINK_GBS"]
 
 
-@functools.lru_cache(maxsize=4)
+def fidelity_recordings() -> list[tuple[str, str]]:
+    """``(cases and errors, sections)`` folders the fidelity self-test replays: ``DEEPEP_REAL_FIXTURES`` (one folder,
+    both) where set, else :data:`FIDELITY_RECORDINGS` (the 2.1.0 reference recordings and the real 2.5.0's)."""
+    if os.environ.get("DEEPEP_REAL_FIXTURES"):
+        return [(os.environ["DEEPEP_REAL_FIXTURES"],) * 2]
+    return [(str(cases), str(sections)) for cases, sections in FIDELITY_RECORDINGS]
+
+
+@functools.lru_cache(maxsize=1)
+def load_compact() -> ModuleType:
+    """``fixtures/compact.py`` as a module (the compacted format: reference markers, :class:`Digest`)."""
+    return _load_script("fixtures_compact", COMPACT)
+
+
+def _load_script(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def is_digest(value: object) -> bool:
+    """Whether ``value`` is a recorded tensor kept as its digests (``fixtures/compact.py``)."""
+    return isinstance(value, load_compact().Digest)
+
+
+def _recorded_tensor(value: object) -> bool:
+    return isinstance(value, torch.Tensor) or is_digest(value)
+
+
+@functools.lru_cache(maxsize=8)
 def load_recording(rank: int, fixtures_dir: str | None = None) -> dict:
-    """The recorded dict of ``rank`` (``rank{rank}.pt``)."""
-    return torch.load(fixtures_root(fixtures_dir) / f"rank{rank}.pt", weights_only=True)
+    """The recorded dict of ``rank`` (``rank{rank}.pt``); a compacted recording resolved (``fixtures/compact.py``:
+    its inputs read from the reference it names, its large tensors as :class:`Digest` objects)."""
+    rec = torch.load(fixtures_root(fixtures_dir) / f"rank{rank}.pt", weights_only=True)
+    compact = load_compact()
+    if not compact.is_compacted(rec):
+        return rec
+    return compact.resolve(rec, rank, ROOT, load=lambda folder, r: load_recording(r, str(folder)))
+
+
+def recording_version(fixtures_dir: str | None = None) -> str:
+    """The DeepEP version a recording was made on: its ``meta['deep_ep']`` (e.g. ``2.5.0``); a recording without the
+    ``meta`` unit (the sections-only recordings ``fixtures/deepep-real-2026-12-02`` and ``-05``, merged from runs
+    that did not record it; their READMEs: DeepEP 2.1.0) is the default version's."""
+    meta = load_recording(0, fixtures_dir)["meta"]
+    if "deep_ep" not in meta and "meta" not in meta.get("recorder", {}).get("units", {}):
+        return versions.DEFAULT_VERSION
+    recorded = meta.get("deep_ep")
+    version = versions.base_version(recorded)
+    if version is None:
+        raise ValueError(f"{fixtures_root(fixtures_dir)}: meta['deep_ep'] is {recorded!r}, no DeepEP version")
+    return version
+
+
+def emulation_of(version: str) -> ModuleType:
+    """The emulation of DeepEP ``version``: the module ``--deep-ep emulation:VERSION`` gives the ranks as
+    ``deep_ep`` (``conformance.backends.alias.emulation_module``, from the version's contract)."""
+    return importlib.import_module(alias.emulation_module(version))
+
+
+def v2_class(version: str) -> type:
+    """The V2 buffer class of DeepEP ``version``'s emulation, by the version's contract (``ElasticBuffer``,
+    ``EPBuffer``)."""
+    name = versions.contract(version).class_name("v2")
+    if name is None:
+        raise ValueError(f"DeepEP {version} has no V2 API; nothing of its recording can be replayed")
+    return getattr(emulation_of(version), name)
 
 
 def recorded_case_names(fixtures_dir: str | None = None) -> list[str]:
@@ -103,12 +189,7 @@ def recorded_case_names(fixtures_dir: str | None = None) -> list[str]:
 @functools.lru_cache(maxsize=1)
 def load_recorder() -> ModuleType:
     """``fixtures/record.py`` as a module (its section calls and section ids)."""
-    spec = importlib.util.spec_from_file_location("fixtures_record", RECORDER)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return _load_script("fixtures_record", RECORDER)
 
 
 def recorder_section_ids() -> list[str]:
@@ -149,6 +230,11 @@ class _Checker:
 
 
 def _difference(got: object, expected: object) -> str | None:
+    if is_digest(expected):  # kept as its digests (fixtures/compact.py): the got side is hashed
+        return expected.difference(got)
+    if is_digest(got):
+        return load_compact().Digest.of(expected).difference(got) if isinstance(expected, torch.Tensor) else (
+            f"got a tensor's digest, expected {expected!r}")
     if isinstance(expected, torch.Tensor) or isinstance(got, torch.Tensor):
         if not (isinstance(expected, torch.Tensor) and isinstance(got, torch.Tensor)):
             return f"got {type(got).__name__}, expected {type(expected).__name__}"
@@ -174,8 +260,9 @@ def _errors_agree(chk: _Checker, got: dict, rec: dict) -> bool:
             chk.fail("error", f"unexpected {got['error']}")
         elif "error" not in got:
             chk.fail("error", f"no exception, expected {rec['error']!r}")
-        elif not got["error"].startswith(rec["error"]):
-            chk.fail("error", f"got {got['error']!r}, expected {rec['error']!r}")
+        elif not comparable_message(got["error"]).startswith(comparable_message(rec["error"])):
+            chk.fail("error", f"got {comparable_message(got['error'])!r}, expected "
+                              f"{comparable_message(rec['error'])!r} (as compared: comparable_message)")
         else:
             chk.eq("error", True, True)
         return False
@@ -215,7 +302,7 @@ def compare_v1(chk: _Checker, got: dict, rec: dict) -> None:
 
 
 def _v2_rows(chk: _Checker, name: str, got: Any, exp: Any, go: torch.Tensor, eo: torch.Tensor) -> None:
-    if isinstance(got, torch.Tensor) and isinstance(exp, torch.Tensor) and got.shape[:1] == exp.shape[:1]:
+    if isinstance(got, torch.Tensor) and _recorded_tensor(exp) and tuple(got.shape[:1]) == tuple(exp.shape[:1]):
         chk.eq(name, got.cpu()[go], exp[eo])
     else:
         chk.eq(name, got, exp)
@@ -278,29 +365,40 @@ def _compare_dst_slots(chk: _Checker, got_handle: Any, rec_handle: dict) -> None
         chk.eq("handle.dst_buffer_slot_idx", slots, rec_handle["dst_buffer_slot_idx"])
 
 
-def _expanded_rows(meta: torch.Tensor, table: torch.Tensor) -> dict[tuple[int, int], torch.Tensor]:
+def _expanded_rows(meta: torch.Tensor) -> dict[tuple[int, int], int]:
+    """``{(source token, top-k slot): row of the expanded table}``."""
     rows = {}
     for row in meta.tolist():
         for k, slot in enumerate(row[2:]):
             if slot >= 0:
-                rows[(row[0], k)] = table[slot]
+                rows[(row[0], k)] = slot
     return rows
 
 
-def _per_slot(chk: _Checker, name: str, got_t: Any, exp_t: torch.Tensor, got_meta: torch.Tensor,
+def _per_slot(chk: _Checker, name: str, got_t: Any, exp_t: Any, got_meta: torch.Tensor,
               exp_meta: torch.Tensor) -> None:
     """An expand-mode table compared per (source token, top-k slot): the row each slot points to."""
     if not isinstance(got_t, torch.Tensor):
         chk.eq(name, got_t, exp_t)
         return
-    got_rows, exp_rows = _expanded_rows(got_meta.cpu(), got_t.cpu()), _expanded_rows(exp_meta, exp_t)
+    got_rows, exp_rows = _expanded_rows(got_meta.cpu()), _expanded_rows(exp_meta)
     keys = sorted(exp_rows)
     if sorted(got_rows) != keys:
         chk.fail(f"{name}[per (token, slot)]", "different (token, slot) keys")
         return
-    got_stack = torch.stack([got_rows[k] for k in keys]) if keys else got_t[:0].cpu()
-    exp_stack = torch.stack([exp_rows[k] for k in keys]) if keys else exp_t[:0]
-    chk.eq(f"{name}[per (token, slot)]", got_stack, exp_stack)
+    got_index = torch.tensor([got_rows[k] for k in keys], dtype=torch.int64)
+    exp_index = torch.tensor([exp_rows[k] for k in keys], dtype=torch.int64)
+    chk.eq(f"{name}[per (token, slot)]", got_t.cpu()[got_index], exp_t[exp_index])
+
+
+def _all_zero(rows: Any) -> bool:
+    """Whether every byte of ``rows`` (a tensor, or a recorded one's :class:`Digest`) is zero."""
+    if is_digest(rows):
+        row_bytes = getattr(torch, rows.dtype.removeprefix("torch.")).itemsize
+        for size in rows.shape[1:]:
+            row_bytes *= size
+        return bool((rows.rows == load_compact().zero_row_digest(row_bytes)).all())
+    return bool((_bytes(rows) == 0).all())
 
 
 def _padding_rows(meta: torch.Tensor, rows: int) -> torch.Tensor:
@@ -319,7 +417,7 @@ def compare_v2_expand(chk: _Checker, got: dict, rec: dict, order_of: tuple[dict,
         return
     got_meta, exp_meta = metas
     for name, expected in rec.items():
-        if name in ("recv_x", "recv_sf", "recv_topk_weights") and isinstance(expected, torch.Tensor):
+        if name in ("recv_x", "recv_sf", "recv_topk_weights") and _recorded_tensor(expected):
             got_t = _get(got, name)
             chk.eq(f"{name}.shape", tuple(got_t.shape) if isinstance(got_t, torch.Tensor) else got_t,
                    tuple(expected.shape))
@@ -338,7 +436,7 @@ def compare_v2_expand(chk: _Checker, got: dict, rec: dict, order_of: tuple[dict,
     if rec.get("zero_padding") and isinstance(_get(got, "recv_x"), torch.Tensor):
         for who, table, meta in (("got", got["recv_x"].cpu(), got_meta), ("recorded", rec["recv_x"], exp_meta)):
             pad = table[_padding_rows(meta, table.shape[0])]
-            chk.eq(f"recv_x.padding_rows_zero ({who})", bool((_bytes(pad) == 0).all()), True)
+            chk.eq(f"recv_x.padding_rows_zero ({who})", _all_zero(pad), True)
 
 
 def _slots_inside_segments(meta: torch.Tensor, handle: Any) -> bool:
@@ -371,14 +469,33 @@ def compare_case(got: dict, rec: dict, prefix: str, checked: list[str] | None = 
 
 #: The directory a DeepEP build was made in, as its assertion messages show it before ``csrc/`` or ``deep_ep/``
 #: (``/tmp/src/DeepEP/`` for the kit's wheel, none for the 2 x H200 recordings, ``<DeepEP build root>/`` in the
-#: emulation's messages of JIT-compiled code): not part of the contract (the refusal table matches it the same way).
-_BUILD_ROOT = re.compile(r"(?<=\()[^()]*?/(?=(?:csrc|deep_ep)/)")
+#: emulation's messages of JIT-compiled code), or before deep_jit's ``deep_jit/utils/`` (2.5.0's kit:
+#: ``/tmp/ep25src/src/third-party/deep_jit/include/``): not part of the contract (the refusal table matches it the
+#: same way).
+_BUILD_ROOT = re.compile(r"(?<=\()(?:[^()]*/(?=deep_jit/utils/)|[^()]*?/(?=(?:csrc|deep_ep)/))")
+#: A JIT build that failed (DeepEP 2.5.0's deep_jit, command.hpp): the head of the message, up to the exit code.
+_JIT_FAILURE = re.compile(r"^(.*?deep_jit/utils/command\.hpp:\d+\): exit_code == 0: command failed with exit code "
+                          r"\d+:)\n", re.S)
+_STATIC_ASSERTION = re.compile(r'static assertion failed with "([^"]*)"')
 
 
 def without_build_root(message: str) -> str:
     """``message`` with the build directory of its source paths removed."""
     return _BUILD_ROOT.sub("", message)
 
+
+def comparable_message(message: str) -> str:
+    """An exception's text as the replay compares it: without the build directory (:func:`without_build_root`); for a
+    JIT build that failed (deep_jit's ``command failed with exit code N:``, then the NVCC command line and its
+    output), the head up to the exit code and the static assertions NVCC names, in order of first appearance: the
+    command line (temporary paths, the machine's include paths) and the rest of the compiler's output are the
+    machine's, not the library's contract."""
+    message = without_build_root(message)
+    failure = _JIT_FAILURE.match(message)
+    if failure is None:
+        return message
+    named = list(dict.fromkeys(_STATIC_ASSERTION.findall(message)))
+    return f"{failure.group(1)} <the command and its output> static assertions failed: {named}"
 
 def compare_errors(chk: _Checker, got: dict[str, tuple[str, str]], rec: dict, returned: dict | None = None) -> None:
     """Recorded errors ``{name: (exception type, message)}``: the same type and message; ``returned``: the calls
@@ -387,7 +504,7 @@ def compare_errors(chk: _Checker, got: dict[str, tuple[str, str]], rec: dict, re
     for name, (exc_type, message) in rec.items():
         if name in got:
             chk.eq(f"{name}.type", got[name][0], exc_type)
-            chk.eq(f"{name}.message", without_build_root(got[name][1]), without_build_root(message))
+            chk.eq(f"{name}.message", comparable_message(got[name][1]), comparable_message(message))
         elif name in returned:
             chk.fail(name, f"no exception (returned {returned[name]}), expected {exc_type}: {message}")
         else:
@@ -510,8 +627,18 @@ def _cpu(t: Any) -> Any:
     return t.detach().cpu() if isinstance(t, torch.Tensor) else t
 
 
-def _run_v1(group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> dict:
-    buf = Buffer(group, num_nvl_bytes=1 << 30)
+def _error(exc: BaseException) -> dict:
+    return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _run_v1(module: ModuleType, group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor,
+            w: torch.Tensor) -> dict:
+    """V1 as the recorder calls it: ``deep_ep.Buffer`` looked up on the module (DeepEP 2.5.0 has none: the lookup's
+    ``AttributeError`` is the recording)."""
+    try:
+        buf = module.Buffer(group, num_nvl_bytes=1 << 30)
+    except Exception as exc:  # noqa: BLE001 - compared with the recorded error
+        return _error(exc)
     per_rank, per_rdma, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, meta["num_experts"])
     recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
         x,
@@ -537,9 +664,9 @@ def _v2_handle_dict(handle: Any) -> dict:
     return {name: _cpu(getattr(handle, name)) for name in (*V2_SCALARS, "recv_src_metadata", "dst_buffer_slot_idx")}
 
 
-def _run_v2(group: dist.ProcessGroup, meta: dict, key: str, x: torch.Tensor, idx: torch.Tensor,
+def _run_v2(v2: type, group: dist.ProcessGroup, meta: dict, key: str, x: torch.Tensor, idx: torch.Tensor,
             w: torch.Tensor) -> dict:
-    buf = ElasticBuffer(group, deterministic=key == "v2_det", **V2_KWARGS)
+    buf = v2(group, deterministic=key == "v2_det", **V2_KWARGS)
     kwargs = {"num_experts": meta["num_experts"], "num_max_tokens_per_rank": 128,
               "expert_alignment": meta["expert_alignment"]}
     try:
@@ -547,24 +674,27 @@ def _run_v2(group: dist.ProcessGroup, meta: dict, key: str, x: torch.Tensor, idx
         combined_x, combined_w, _ = buf.combine(recv_x, handle, topk_weights=recv_w)
         cached = buf.dispatch(x, handle=handle, num_experts=meta["num_experts"])[0]
     except Exception as exc:  # noqa: BLE001 - compared with the recorded error
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return _error(exc)
     return {"recv_x": _cpu(recv_x), "recv_topk_idx": _cpu(recv_idx), "recv_topk_weights": _cpu(recv_w),
             "handle": _v2_handle_dict(handle), "combined_x": _cpu(combined_x),
             "combined_topk_weights": _cpu(combined_w), "cached_recv_x": _cpu(cached)}
 
 
-def _run_v2_expand(group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor,
+def _run_v2_expand(v2: type, group: dist.ProcessGroup, meta: dict, x: torch.Tensor, idx: torch.Tensor,
                    w: torch.Tensor) -> dict:
-    buf = ElasticBuffer(group, **V2_KWARGS)
-    recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(
-        x,
-        idx,
-        w,
-        num_experts=meta["num_experts"],
-        num_max_tokens_per_rank=128,
-        expert_alignment=meta["expert_alignment"],
-        do_expand=True,
-    )
+    buf = v2(group, **V2_KWARGS)
+    try:
+        recv_x, recv_idx, recv_w, handle, _ = buf.dispatch(
+            x,
+            idx,
+            w,
+            num_experts=meta["num_experts"],
+            num_max_tokens_per_rank=128,
+            expert_alignment=meta["expert_alignment"],
+            do_expand=True,
+        )
+    except Exception as exc:  # noqa: BLE001 - compared with the recorded error
+        return _error(exc)
     return {"recv_x": _cpu(recv_x), "recv_topk_idx": _cpu(recv_idx), "recv_topk_weights": _cpu(recv_w),
             "handle": _v2_handle_dict(handle)}
 
@@ -576,7 +706,8 @@ def replay_recorded_case(
     fixtures_dir: str | None = None,
     checked: list[str] | None = None,
 ) -> Mismatches:
-    """Replay one recorded case on this rank; returns ``{field: problem}`` (empty when all match).
+    """Replay one recorded case on this rank against the emulation of the recording's DeepEP version; returns
+    ``{field: problem}`` (empty when all match).
 
     Arguments:
         case_name: a key of the recording's ``cases``.
@@ -586,14 +717,17 @@ def replay_recorded_case(
     """
     group = group or dist.group.WORLD
     case = load_recording(group.rank(), fixtures_dir)["cases"][case_name]
+    version = recording_version(fixtures_dir)
+    module, v2 = emulation_of(version), v2_class(version)
     x, topk_idx, topk_weights = (case[k].to(device) for k in ("x", "topk_idx", "topk_weights"))
     meta = case["case"]
-    got = {
-        "v1": _run_v1(group, meta, x, topk_idx, topk_weights),
-        "v2": _run_v2(group, meta, "v2", x, topk_idx, topk_weights),
-        "v2_det": _run_v2(group, meta, "v2_det", x, topk_idx, topk_weights),
-        "v2_expand": _run_v2_expand(group, meta, x, topk_idx, topk_weights),
-    }
+    with recorded_machine(load_recording(group.rank(), fixtures_dir)):
+        got = {
+            "v1": _run_v1(module, group, meta, x, topk_idx, topk_weights),
+            "v2": _run_v2(v2, group, meta, "v2", x, topk_idx, topk_weights),
+            "v2_det": _run_v2(v2, group, meta, "v2_det", x, topk_idx, topk_weights),
+            "v2_expand": _run_v2_expand(v2, group, meta, x, topk_idx, topk_weights),
+        }
     return compare_case(got, case, case_name, checked)
 
 
@@ -603,14 +737,23 @@ def replay_recorded_errors(
     fixtures_dir: str | None = None,
     checked: list[str] | None = None,
 ) -> Mismatches:
-    """Re-trigger every recorded error (same calls on every rank); compare exception type and message."""
+    """Re-trigger every recorded error (same calls on every rank) on the emulation of the recording's version;
+    compare exception type and message.  The V1 calls exist where the version has ``Buffer`` (the recorder makes
+    them only there): a recording without them is compared with an emulation that has none
+    (``errors.v1_api_present``)."""
     group = group or dist.group.WORLD
     rec = load_recording(group.rank(), fixtures_dir)
+    with recorded_machine(rec):
+        return _replay_errors(group, device, rec, recording_version(fixtures_dir), checked)
+
+
+def _replay_errors(group: dist.ProcessGroup, device: torch.device | str, rec: dict, version: str,
+                   checked: list[str] | None) -> Mismatches:
+    module = emulation_of(version)
     case = rec["cases"]["base"]
     x, topk_idx, topk_weights = (case[k].to(device) for k in ("x", "topk_idx", "topk_weights"))
     num_experts = case["case"]["num_experts"]
-    v2 = ElasticBuffer(group, **V2_KWARGS)
-    v1 = Buffer(group, num_nvl_bytes=1 << 30)
+    v2 = v2_class(version)(group, **V2_KWARGS)
     _, _, _, handle, _ = v2.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)
     calls: dict[str, Callable[[], object]] = {
         "v2_previous_event_without_comm_alloc": lambda: v2.dispatch(
@@ -625,8 +768,9 @@ def replay_recorded_errors(
             x, topk_idx.clamp(max=6), topk_weights, num_experts=7
         ),
         "v2_cached_dispatch_without_num_experts": lambda: v2.dispatch(x, handle=handle),
-        "v1_int32_topk_idx": lambda: v1.get_dispatch_layout(topk_idx.int(), num_experts),
-        "v1_odd_num_sms": lambda: Buffer.set_num_sms(21),
+        "v1_int32_topk_idx": lambda: module.Buffer(group, num_nvl_bytes=1 << 30).get_dispatch_layout(
+            topk_idx.int(), num_experts),
+        "v1_odd_num_sms": lambda: module.Buffer.set_num_sms(21),
     }
     raised, returned = {}, {}
     for name in rec["errors"]:
@@ -638,6 +782,8 @@ def replay_recorded_errors(
                 raised[name] = (type(exc).__name__, str(exc))
     chk = _Checker("errors", checked)
     compare_errors(chk, raised, rec["errors"], returned)
+    recorded_v1 = any(name.startswith("v1_") for name in [*rec["errors"], *rec.get("errors_not_raised", {})])
+    chk.eq("v1_api_present", hasattr(module, "Buffer"), recorded_v1)
     # the buffer stays usable after the QP refusal
     recv_x = v2.dispatch(x, topk_idx, topk_weights, num_experts=num_experts)[0]
     chk.eq("v2_usable_after_errors.num_rows", recv_x.shape[0], case["v2"]["recv_x"].shape[0])
@@ -667,15 +813,15 @@ def replay_recorded_section(
     fixtures_dir: str | None = None,
     checked: list[str] | None = None,
 ) -> Mismatches:
-    """Replay one section of ``fixtures/record.py`` on this rank: its calls with ``conformance.emulation`` as the
-    module under test, on the recorded inputs; compare every recorded run (:func:`compare_section`)."""
-    import conformance.emulation as emulation
-
+    """Replay one section of ``fixtures/record.py`` on this rank: its calls with the emulation of the recording's
+    version as the module under test, on the recorded inputs; compare every recorded run (:func:`compare_section`)."""
     group = group or dist.group.WORLD
-    recording = load_recording(group.rank(), sections_dir(fixtures_dir))
+    root = sections_dir(fixtures_dir)
+    recording = load_recording(group.rank(), root)
     rec = recording["sections"][section_id]
     recorder = load_recorder()
-    ctx = recorder.Context(emulation, group, group.rank(), group.size(), torch.device(device))
+    module = emulation_of(recording_version(root))
+    ctx = recorder.Context(module, group, group.rank(), group.size(), torch.device(device))
     try:
         with recorded_machine(recording):
             got = recorder.SECTIONS[section_id].run(ctx, rec["inputs"])
@@ -685,7 +831,7 @@ def replay_recorded_section(
 
 
 def main() -> int:
-    """Replay every recording under ``torchrun --nproc_per_node 2 -m tests.replay``.
+    """Replay every recording of :func:`fidelity_recordings` under ``torchrun --nproc_per_node 2 -m tests.replay``.
 
     Uses NCCL with CUDA tensors when GPUs are visible, else gloo with CPU tensors; exit status 1 on any
     mismatch.
@@ -698,15 +844,19 @@ def main() -> int:
         torch.cuda.set_device(device)
     checked: list[str] = []
     failures: Mismatches = {}
-    for name in recorded_case_names():
-        failures.update(replay_recorded_case(name, device=device, checked=checked))
-    failures.update(replay_recorded_errors(device=device, checked=checked))
-    for section_id in recorder_section_ids():
-        reason = recorded_section_status(section_id)
-        if reason:
-            print(f"rank {dist.get_rank()}: {section_id}: skipped: {reason}")
-        else:
-            failures.update(replay_recorded_section(section_id, device=device, checked=checked))
+    for cases, sections in fidelity_recordings():
+        found: Mismatches = {}
+        for name in recorded_case_names(cases):
+            found.update(replay_recorded_case(name, device=device, fixtures_dir=cases, checked=checked))
+        found.update(replay_recorded_errors(device=device, fixtures_dir=cases, checked=checked))
+        for section_id in recorder_section_ids():
+            reason = recorded_section_status(section_id, sections)
+            if reason:
+                print(f"rank {dist.get_rank()}: {section_id}: skipped: {reason}")
+            else:
+                found.update(replay_recorded_section(section_id, device=device, fixtures_dir=sections,
+                                                     checked=checked))
+        failures.update({f"{Path(cases).name}: {key}": problem for key, problem in found.items()})
     print(f"rank {dist.get_rank()} on {device}: {len(checked)} fields checked, {len(failures)} mismatches")
     for key, problem in failures.items():
         print(f"  {key}: {problem}")

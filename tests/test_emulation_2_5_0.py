@@ -210,6 +210,30 @@ def test_the_module_exports_2_5_0s_api() -> None:
     assert "num_cpu_bytes" not in init and "lb_allocation_plan_or_num_bytes" in init and init["sl_idx"].default is None
 
 
+def test_the_api_snapshot_is_the_surface_recorded_on_the_real_2_5_0() -> None:
+    """``conformance/versions/2.5.0/api-surface.json`` is generated from the surface probed on the real 2.5.0
+    (docs/real-runs/api-surface-real-2.5.0.json): every public method there is compared, with its recorded signature,
+    or listed ``not_covered``; the emulation's surface differs from it in nothing (P14 on the emulation is clean);
+    V1 is gone on both (the recording's cases: ``AttributeError: module 'deep_ep' has no attribute 'Buffer'``)."""
+    from conformance.core.api_surface import diff_surface, recorded_snapshot, recorded_surface_path, surface_of
+
+    recorded = json.loads(recorded_surface_path("2.5.0").read_text())
+    snapshot = CONTRACT.api_surface()
+    assert snapshot == recorded_snapshot(CONTRACT, recorded), "regenerate it: python -m conformance.core.api_surface " \
+                                                             "--write --version 2.5.0"
+    assert snapshot["confirmed"] is True and "api-surface-real-2.5.0.json" in snapshot["source"]
+    for cls, methods in recorded["surface"]["classes"].items():
+        compared, not_covered = snapshot["classes"][cls], set(snapshot["not_covered"].get(cls, []))
+        assert set(methods) == set(compared) | not_covered and not set(compared) & not_covered, cls
+        for name, entry in compared.items():
+            assert entry == methods[name], f"{cls}.{name}"
+    assert diff_surface(snapshot, surface_of(CONTRACT.emulation)) == []
+    import conformance.emulation.v2_5_0 as deep_ep
+
+    with pytest.raises(AttributeError, match=r"^module 'deep_ep' has no attribute 'Buffer'$"):
+        deep_ep.Buffer  # noqa: B018 - the lookup is the call under test
+
+
 def test_defer_epilogue_hands_the_outputs_out_at_the_wait(facts) -> None:
     for got in facts:
         assert got["deferred_type"] == "EventOverlap" and got["deferred_equal"], got

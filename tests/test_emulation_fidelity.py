@@ -1,21 +1,27 @@
-"""Fidelity of ``conformance.emulation`` against the real DeepEP recordings (2 x H200).
+"""Fidelity of the emulation against the real DeepEP recordings, per version.
 
-Every recorded case is replayed on a 2-rank gloo world (CPU) and every recorded field is compared byte for
-byte (``tests.replay``); the recorded errors are re-triggered; a Megatron-style integrator
-(``fused_a2a.py``) runs unchanged against ``import conformance.emulation as deep_ep``.
+Every recording is replayed against the emulation of the DeepEP version it recorded (``tests.replay``: its
+``meta['deep_ep']`` picks the module, ``--deep-ep emulation:VERSION``'s): by default the 2.1.0 reference recordings
+(``fixtures/deepep-real``: the old cases and errors, 2 x H200; ``fixtures/deepep-real-2026-12-05``: the sections of
+``fixtures/record.py``) and the real 2.5.0's (``fixtures/deepep-real-2.5.0-2026-12-06``: the old cases and errors on
+``EPBuffer``, one H100, compacted by ``fixtures/compact.py``).  Every recorded case is replayed on a 2-rank gloo world
+(CPU) and every recorded field is compared byte for byte (a field kept as its digest: by hashing the emulation's
+tensor); the recorded errors are re-triggered; a Megatron-style integrator (``fused_a2a.py``) runs unchanged against
+``import conformance.emulation as deep_ep``.
 
 Every section ``fixtures/record.py`` records beyond the old format (FP8, worst-case, V2 options, low-latency, bad
-calls) has a test of its own: where the real recording holds it, it is replayed against the emulation; where it does
-not (``fixtures/deepep-real`` has none of them yet), the test is SKIPPED with that reason and checks nothing.  Point
-``DEEPEP_REAL_FIXTURES`` at a newer recording (``fixtures/deepep-real-<date>``) to replay it instead.
+calls) has a test of its own per recorded version: where the version's recording holds it, it is replayed against the
+emulation; where it does not (the 2.5.0 recording has no sections), the test is SKIPPED with that reason and checks
+nothing.  Point ``DEEPEP_REAL_FIXTURES`` at another recording (``fixtures/deepep-real-<date>``) to replay it alone.
 
-The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU).
+The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU); all recordings share one world.
 """
 
 from __future__ import annotations
 
 import importlib
 import traceback
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,31 +34,43 @@ from tests import replay
 pytestmark = pytest.mark.xdist_group("test_emulation_fidelity")
 
 WORLD_SIZE = 2
-TIMEOUT_S = 120
-CASES = replay.recorded_case_names()
-JOBS = [(f"case:{name}", "tests.replay:replay_recorded_case", (name,)) for name in CASES] + [
-    ("errors", "tests.replay:replay_recorded_errors", ()),
-    ("megatron", "tests.test_emulation_fidelity:megatron_style_round_trip", ()),
-    ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", ()),
+TIMEOUT_S = 180
+#: ``{label: (cases and errors folder, sections folder)}``: the label is the recorded DeepEP version (the folder's name
+#: where two recordings share one).
+_VERSIONS = [replay.recording_version(cases) for cases, _ in replay.fidelity_recordings()]
+RECORDINGS = {(v if _VERSIONS.count(v) == 1 else Path(cases).name): (cases, sections)
+              for v, (cases, sections) in zip(_VERSIONS, replay.fidelity_recordings(), strict=True)}
+CASES = [(label, name) for label, (cases, _) in RECORDINGS.items() for name in replay.recorded_case_names(cases)]
+JOBS = [(f"{label}/case:{name}", "tests.replay:replay_recorded_case", (name,), {"fixtures_dir": RECORDINGS[label][0]})
+        for label, name in CASES]
+#: The recordings with the old cases (and so the bad calls on the ``base`` case); a sections-only one has none.
+ERRORS = [label for label, (cases, _) in RECORDINGS.items() if replay.recorded_case_names(cases)]
+JOBS += [(f"{label}/errors", "tests.replay:replay_recorded_errors", (), {"fixtures_dir": RECORDINGS[label][0]})
+         for label in ERRORS]
+JOBS += [
+    ("megatron", "tests.test_emulation_fidelity:megatron_style_round_trip", (), {}),
+    ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", (), {}),
 ]
-MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_trip", ())]
-SECTIONS = replay.recorder_section_ids()
+MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_trip", (), {})]
+SECTIONS = [(label, sid) for label in RECORDINGS for sid in replay.recorder_section_ids()]
 #: Why a section is not replayed (no real recording of it, or one that holds an error); absent when it is.
-SECTION_SKIPS = {sid: reason for sid in SECTIONS if (reason := replay.recorded_section_status(sid))}
-JOBS += [(f"section:{sid}", "tests.replay:replay_recorded_section", (sid,)) for sid in SECTIONS
-         if sid not in SECTION_SKIPS]
+SECTION_SKIPS = {(label, sid): reason for label, sid in SECTIONS
+                 if (reason := replay.recorded_section_status(sid, RECORDINGS[label][1]))}
+JOBS += [(f"{label}/section:{sid}", "tests.replay:replay_recorded_section", (sid,),
+          {"fixtures_dir": RECORDINGS[label][1]}) for label, sid in SECTIONS if (label, sid) not in SECTION_SKIPS]
 
 
 # ------------------------------------------------------------------------------------------ rank side
 def run_jobs(jobs: list) -> dict:
     """Rank task: run every job, collecting mismatches (or the exception) and the fields checked."""
     results = {}
-    for name, target, args in jobs:
+    for name, target, args, kwargs in jobs:
         module, func = target.split(":")
         checked: list[str] = []
         try:
             fn = getattr(importlib.import_module(module), func)
-            kwargs = {"checked": checked} if module.endswith("replay") else {}
+            if module.endswith("replay"):
+                kwargs = {**kwargs, "checked": checked}
             results[name] = {"mismatches": fn(*args, **kwargs), "checked": checked}
         except Exception:  # noqa: BLE001 - reported to the controller
             results[name] = {"exception": traceback.format_exc(), "checked": checked}
@@ -239,7 +257,7 @@ def _assert_clean(world_results: list[dict], name: str) -> None:
     for rank, results in enumerate(world_results):
         res = results[name]
         assert "exception" not in res, f"rank {rank} raised in {name}:\n{res['exception']}"
-        assert res["checked"] or not name.startswith(("case:", "errors", "section:")), (
+        assert res["checked"] or name in ("megatron", "robustness", "multinode"), (
             f"rank {rank}: nothing checked in {name}"
         )
         assert not res["mismatches"], f"rank {rank} {name}: " + "\n".join(
@@ -247,21 +265,62 @@ def _assert_clean(world_results: list[dict], name: str) -> None:
         )
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_recorded_case_matches_byte_for_byte(world_results: list[dict], case: str) -> None:
-    _assert_clean(world_results, f"case:{case}")
+@pytest.mark.parametrize(("recording", "case"), CASES, ids=[f"{label}-{name}" for label, name in CASES])
+def test_recorded_case_matches_byte_for_byte(world_results: list[dict], recording: str, case: str) -> None:
+    _assert_clean(world_results, f"{recording}/case:{case}")
 
 
-@pytest.mark.parametrize("section", SECTIONS)
-def test_recorded_section_matches(section: str, request: pytest.FixtureRequest) -> None:
-    """A section of ``fixtures/record.py``: replayed where the real recording has it, else skipped with the reason."""
-    if section in SECTION_SKIPS:
-        pytest.skip(SECTION_SKIPS[section])
-    _assert_clean(request.getfixturevalue("world_results"), f"section:{section}")
+@pytest.mark.parametrize(("recording", "section"), SECTIONS, ids=[f"{label}-{sid}" for label, sid in SECTIONS])
+def test_recorded_section_matches(recording: str, section: str, request: pytest.FixtureRequest) -> None:
+    """A section of ``fixtures/record.py``: replayed where the version's real recording has it, else skipped with the
+    reason."""
+    if (recording, section) in SECTION_SKIPS:
+        pytest.skip(SECTION_SKIPS[(recording, section)])
+    _assert_clean(request.getfixturevalue("world_results"), f"{recording}/section:{section}")
 
 
-def test_recorded_errors_match(world_results: list[dict]) -> None:
-    _assert_clean(world_results, "errors")
+@pytest.mark.parametrize("recording", ERRORS)
+def test_recorded_errors_match(world_results: list[dict], recording: str) -> None:
+    _assert_clean(world_results, f"{recording}/errors")
+
+
+def test_the_2_5_0_comparison_catches_2_1_0s_behaviour() -> None:
+    """Planted: 2.1.0's results (V1 present, its SM count, its assertion sites, its JIT failure) compared with the
+    2.5.0 recording are mismatches, named; the JIT comparison tells static assertions apart."""
+    if "2.5.0" not in RECORDINGS:
+        pytest.skip("DEEPEP_REAL_FIXTURES names one recording: the 2.5.0 recording is not replayed")
+    cases = RECORDINGS["2.5.0"][0]
+    rec25, rec21 = replay.load_recording(0, cases), replay.load_recording(0, str(replay.DEFAULT_FIXTURES))
+    got = {k: rec21["cases"]["base"][k] for k in ("v1", "v2", "v2_det", "v2_expand")}
+    mismatches = replay.compare_case(got, rec25["cases"]["base"], "base")
+    assert set(mismatches) == {"base.v1.error", "base.v2.handle.num_sms", "base.v2_det.handle.num_sms",
+                               "base.v2_expand.handle.num_sms"}, mismatches
+    assert "expected \"AttributeError: module 'deep_ep' has no attribute 'Buffer'\"" in mismatches["base.v1.error"]
+    chk = replay._Checker("errors", None)  # noqa: SLF001 - the fidelity test's checker
+    replay.compare_errors(chk, rec21["errors"], rec25["errors"])
+    assert set(chk.mismatches) == {"errors.v2_previous_event_without_comm_alloc.message",
+                                   "errors.v2_int32_topk_idx.message"}, chk.mismatches
+    recorded = rec25["cases"]["small"]["v2"]["error"]
+    assert replay.comparable_message(rec21["cases"]["small"]["v2"]["error"]) != replay.comparable_message(recorded)
+    import conformance.emulation.v2_5_0.buffers.ep as ep
+    from conformance.emulation import _refusals
+
+    with _refusals.version("2.5.0"):
+        emulated = ep._jit_error("v2_combine_hidden_jit", ("impls/ep/combine.cuh", 110, "Invalid hidden"))  # noqa: SLF001
+        other = ep._jit_error("v2_combine_hidden_jit", ("impls/ep/combine.cuh", 110, "Invalid hid"))  # noqa: SLF001
+    assert replay.comparable_message(f"RuntimeError: {emulated}") == replay.comparable_message(recorded)
+    assert replay.comparable_message(f"RuntimeError: {other}") != replay.comparable_message(recorded)
+
+
+def test_every_recorded_version_is_replayed_against_its_own_emulation() -> None:
+    """By default both versions are replayed, each against its own emulation module and V2 class."""
+    if replay.fidelity_recordings() != [tuple(map(str, pair)) for pair in replay.FIDELITY_RECORDINGS]:
+        pytest.skip("DEEPEP_REAL_FIXTURES names one recording: the default pair is not replayed")
+    assert list(RECORDINGS) == ["2.1.0", "2.5.0"]
+    assert replay.emulation_of("2.1.0").__name__ == "conformance.emulation"
+    assert replay.emulation_of("2.5.0").__name__ == "conformance.emulation.v2_5_0"
+    assert replay.v2_class("2.1.0").__name__ == "ElasticBuffer" and replay.v2_class("2.5.0").__name__ == "EPBuffer"
+    assert {label for label, _ in CASES} == {"2.1.0", "2.5.0"}
 
 
 def test_megatron_style_integrator_runs_unchanged(world_results: list[dict]) -> None:

@@ -8,7 +8,9 @@ stop and the restarted world record as an error before it goes on), and under to
   calls the original recording made, on the same inputs;
 - every new section is present and well formed;
 - replaying the new sections against the emulation (the fidelity test's section replay) finds no mismatch, and the
-  comparison does find one when a recorded byte, count or message is changed.
+  comparison does find one when a recorded byte, count or message is changed;
+- on ``--deep-ep emulation:2.5.0`` the recorder drives 2.5.0's ``EPBuffer`` and records the missing ``Buffer``, and
+  its cases and errors equal the real 2.5.0 recording (``fixtures/deepep-real-2.5.0-2026-12-06``).
 """
 
 from __future__ import annotations
@@ -225,6 +227,31 @@ def test_the_comparison_catches_a_changed_value(recording: Path) -> None:
     case = copy.deepcopy(rec["cases"]["base"])
     case["v2"]["recv_x"].view(torch.uint8).reshape(-1)[7] ^= 0x01
     assert "base.v2.recv_x" in replay.compare_case(case, rec["cases"]["base"], "base")
+
+
+REAL_2_5_0 = ROOT / "fixtures" / "deepep-real-2.5.0-2026-12-06"
+
+
+def test_a_2_5_0_recording_of_the_emulation_equals_the_real_2_5_0(tmp_path: Path) -> None:
+    """``--deep-ep emulation:2.5.0``: the recorder drives ``EPBuffer`` (and records the V1 lookup's error, no V1 bad
+    calls), and what it records equals the real 2.5.0 recording field by field through the fidelity test's comparison
+    (given the recording machine's NVLink condition, as the replay gives it)."""
+    out = record(tmp_path, "--deep-ep", "emulation:2.5.0", "--sections", "meta,cases,errors",
+                 env={"DEEP_EP_EMULATION_NVLINK_GBS": "1"})
+    for rank in (0, 1):
+        rec, real = load(tmp_path, rank), replay.load_recording(rank, str(REAL_2_5_0))
+        assert rec["meta"]["deep_ep"] == "2.5.0+emulation" and rec["meta"]["recorder"]["deep_ep_mode"] == \
+            "emulation:2.5.0", (rec["meta"], out[-2000:])
+        checked: list[str] = []
+        mismatches = {}
+        for name, case in real["cases"].items():
+            mismatches.update(replay.compare_case(rec["cases"][name], case, f"rank{rank}.{name}", checked))
+        chk = replay._Checker(f"rank{rank}.errors", checked)  # noqa: SLF001 - the fidelity test's checker
+        replay.compare_errors(chk, rec["errors"], real["errors"], rec["errors_not_raised"])
+        mismatches.update(chk.mismatches)
+        assert not mismatches, "\n".join(f"{k}: {v}" for k, v in mismatches.items())
+        assert set(rec["errors"]) | set(rec["errors_not_raised"]) == set(real["errors"])  # no V1 rows
+        assert len(checked) > 40 * len(real["cases"]), f"only {len(checked)} fields compared"
 
 
 def test_torchrun_form(tmp_path: Path) -> None:

@@ -4,11 +4,13 @@ committed snapshot of the real DeepEP's, and the diff between them.
 A surface is plain JSON: ``{"probe": {...}, "classes": {class: {method: {"static": bool, "params":
 [{"name", "kind", "default"}]}}}}`` where ``default`` is the ``repr`` of the default (``None`` when the
 parameter has none; annotations are ignored).  Each DeepEP version's snapshot is ``api-surface.json`` in its folder
-(``conformance/versions/<version>/``, read through :mod:`conformance.versions`): 2.1.0's is generated from
-``api-surface-signatures.txt`` there (signatures transcribed from the public DeepEP sources) by
-``python -m conformance.core.api_surface --write``; 2.5.0's is derived from its emulation (``--write --version 2.5.0``:
-the surface :func:`surface_of` reads off ``conformance.emulation.v2_5_0``), from the source, to be confirmed on the real
-library.
+(``conformance/versions/<version>/``, read through :mod:`conformance.versions`), written by
+``python -m conformance.core.api_surface --write [--version V]`` from the best evidence there is: 2.1.0's from
+``api-surface-signatures.txt`` there (signatures transcribed from the public DeepEP sources, checked against the
+surface probed on the real 2.1.0, ``docs/real-runs/api-surface-real-2.1.0.json``); a version without transcribed
+signatures from the surface :func:`surface_of` read off the real library (``docs/real-runs/api-surface-real-<version>
+.json``: 2.5.0's, probed on one H100 on 2026-12-06, ``confirmed: true``), else derived from its emulation (read from
+the source, ``confirmed: false``).
 
 Diff rules: a removed class or method, a removed or renamed parameter, a changed kind, position or default,
 or a new required parameter is *breaking*; a new optional parameter or a new method is reported only.
@@ -34,6 +36,9 @@ SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "data" / "api-surface"
 #: DeepEP 2.1.0's snapshot (the default version's) and the signatures it is generated from.
 SNAPSHOT = versions.contract("2.1.0").api_surface_path
 SIGNATURES = SNAPSHOT.with_name("api-surface-signatures.txt")
+#: Where the surfaces probed on the real library are kept (``api-surface-real-<version>.json``: ``{"surface": ...,
+#: "recorded": how}``); a checkout's docs, read only to write a snapshot.
+RECORDED_SURFACES = Path(__file__).resolve().parents[2] / "docs" / "real-runs"
 
 
 def snapshot_path(name: str | None = None) -> Path:
@@ -302,19 +307,45 @@ def derived_snapshot(contract: versions.Contract) -> dict[str, Any]:
             "confirmed": contract.confirmed, "not_covered": NOT_COVERED}
 
 
+def recorded_surface_path(version: str) -> Path:
+    """Where the surface probed on the real DeepEP ``version`` is kept (it may not exist)."""
+    return RECORDED_SURFACES / f"api-surface-real-{version}.json"
+
+
+def recorded_snapshot(contract: versions.Contract, recorded: dict[str, Any]) -> dict[str, Any]:
+    """A version's snapshot from the surface probed on the real library (``recorded``: the file of
+    :func:`recorded_surface_path`), :data:`NOT_COVERED` left out: ``confirmed``, with the evidence in ``source``."""
+    surface = json.loads(json.dumps(recorded["surface"]))
+    if surface.get("version") != contract.version or surface.get("module") != "deep_ep":
+        raise ValueError(f"the recorded surface is of {surface.get('module')} {surface.get('version')}, not "
+                         f"deep_ep {contract.version}")
+    for class_name, names in NOT_COVERED.items():
+        for name in names:
+            surface["classes"].get(class_name, {}).pop(name, None)
+    path = recorded_surface_path(contract.version).relative_to(RECORDED_SURFACES.parents[1])
+    return {**surface, "source": f"recorded on the real DeepEP {contract.version}: {recorded['recorded']} ({path})",
+            "confirmed": True, "not_covered": NOT_COVERED}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``--write``: regenerate a version's snapshot; default: print the emulation's diff against it."""
     parser = argparse.ArgumentParser(prog="python -m conformance.core.api_surface")
     parser.add_argument("--write", action="store_true",
-                        help="regenerate the snapshot (2.1.0: from its signatures file; a version without one: "
-                             "derived from its emulation)")
+                        help="regenerate the snapshot (2.1.0: from its signatures file; a version without one: from "
+                             "the surface recorded on the real library, else derived from its emulation)")
     parser.add_argument("--version", default=versions.DEFAULT_VERSION, help="the DeepEP version (default %(default)s)")
     parser.add_argument("--module", default=None, help="the module to diff (default: the version's emulation)")
     args = parser.parse_args(argv)
     contract = versions.contract(args.version)
     if args.write:
         signatures = contract.api_surface_path.with_name("api-surface-signatures.txt")
-        snapshot = snapshot_from_signatures(signatures) if signatures.is_file() else derived_snapshot(contract)
+        recorded = recorded_surface_path(contract.version)
+        if signatures.is_file():
+            snapshot = snapshot_from_signatures(signatures)
+        elif recorded.is_file():
+            snapshot = recorded_snapshot(contract, json.loads(recorded.read_text()))
+        else:
+            snapshot = derived_snapshot(contract)
         contract.api_surface_path.write_text(json.dumps(snapshot, indent=1) + "\n")
         print(f"wrote {contract.api_surface_path}")
         return 0

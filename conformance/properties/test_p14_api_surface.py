@@ -1,6 +1,6 @@
 """P14 API surface: each installed API's import probe and method signatures against the committed snapshot of the
-DeepEP version under test (conformance/versions/<version>/api-surface.json: 2.1.0's recorded on the real library,
-2.5.0's read from its source, to be confirmed there).  Runs once per session (its strategy yields one case)."""
+DeepEP version under test (conformance/versions/<version>/api-surface.json: 2.1.0's and 2.5.0's recorded on the real
+library).  Runs once per session (its strategy yields one case)."""
 
 from __future__ import annotations
 

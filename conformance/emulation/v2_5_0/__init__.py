@@ -25,6 +25,14 @@ __version__ = "2.5.0+emulation"
 IS_EMULATION = True
 
 
+def __getattr__(name: str) -> object:
+    """A name the module lacks raises the real module's ``AttributeError``, naming it ``deep_ep`` (the module its
+    callers import): DeepEP 2.5.0 has no ``Buffer``, ``ElasticBuffer`` or ``Config``; recorded on the real 2.5.0,
+    ``AttributeError: module 'deep_ep' has no attribute 'Buffer'`` (fixtures/deepep-real-2.5.0-2026-12-06, every case's
+    V1 part)."""
+    raise AttributeError(f"module 'deep_ep' has no attribute '{name}'")
+
+
 def get_num_allocation_alignment() -> int:
     """``kNumAllocationAlignmentBytes`` (deep_ep/include/deep_ep/common/compiled.cuh:69): 2 MiB."""
     return 2 * 1024 * 1024

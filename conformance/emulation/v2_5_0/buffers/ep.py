@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from conformance import versions
+
 from ... import _checks, _refusals, _sizing
 from ..._refusals import check
 from ..._topology import get_topology
@@ -398,8 +400,8 @@ class EPBuffer(ElasticBuffer, BufferBase):
         if cached:  # launch_dispatch (csrc/kernels/ep/dispatch.hpp:57)
             check(stats is None, "v2_dispatch_cached_stats")
         if num_topk > 32 and _refusals.enforced("v2_dispatch_topk_too_large"):
-            raise _jit_error("v2_dispatch_topk_too_large", "\"Insufficient lanes\" (deep_ep/include/deep_ep/impls/ep/"
-                                                          "dispatch.cuh:92: EP_STATIC_ASSERT(kNumTopk <= 32))")
+            raise _jit_error("v2_dispatch_topk_too_large", ("impls/ep/dispatch.cuh", 92, "Insufficient lanes"),
+                             ("impls/ep/dispatch.cuh", 314, "Insufficient lanes for loading top-k indices"))
         return channels
 
     # ------------------------------------------------------------------------------------------ combine
@@ -493,16 +495,19 @@ class EPBuffer(ElasticBuffer, BufferBase):
             token = _sizing.combine_token_bytes(hidden, num_topk, True, "v2_combine_hidden_tma")
             check(num_warps * token <= _sizing.device_smem_bytes(), "v2_combine_hybrid_smem")
         if hidden % 256 != 0 and _refusals.enforced("v2_combine_hidden_jit"):  # EP_STATIC_ASSERT(kHidden % 256 == 0)
-            raise _jit_error("v2_combine_hidden_jit", "\"Invalid hidden\" (deep_ep/include/deep_ep/impls/ep/"
-                                                      "combine.cuh:110)")
+            raise _jit_error("v2_combine_hidden_jit", ("impls/ep/combine.cuh", 110, "Invalid hidden"))
 
 
-def _jit_error(row_id: str, static_assertion: str) -> BaseException:
-    """The JIT build's failure on a static assertion: deep_jit's ``call_external_command`` refuses NVCC's exit code
-    (third-party/deep_jit/include/deep_jit/utils/command.hpp:35), the compiler's output in the message (the emulation
-    writes what it would say, not the command line)."""
-    return _refusals.error(row_id, exit_code=1, output=(
-        f"<deep_ep emulation: the NVCC command line>\nerror: static assertion failed with {static_assertion}"))
+def _jit_error(row_id: str, *assertions: tuple[str, int, str]) -> BaseException:
+    """The JIT build's failure on static assertions (``(file under deep_ep/include/deep_ep/, line, text)``): deep_jit's
+    ``call_external_command`` refuses NVCC's exit code (third-party/deep_jit/include/deep_jit/utils/command.hpp:35)
+    with the command line and the compiler's output in the message, as recorded on the real 2.5.0
+    (fixtures/deepep-real-2.5.0-2026-12-06: ``.../impls/ep/combine.cuh(110): error: static assertion failed with
+    "Invalid hidden"``); the emulation writes a placeholder for the command line and NVCC's line for each failed
+    assertion, not the rest of its output."""
+    output = "\n".join(f"{versions.DEFAULT_VALUES['build_root']}/deep_ep/include/deep_ep/{path}({line}): "
+                       f"error: static assertion failed with \"{text}\"" for path, line, text in assertions)
+    return _refusals.error(row_id, exit_code=1, command="<deep_ep emulation: the NVCC command line>", output=output)
 
 
 # The shared runtime with 2.1.0's CPU model of asynchronous outputs (placeholders completed at the event's wait).
