@@ -40,6 +40,20 @@ class BitFlippingElasticBuffer(ElasticBuffer):
         return (recv_x, *rest)
 
 
+
+class TopkIdxFilledElasticBuffer(ElasticBuffer):
+    """A fork with DeepEP's own fix of the uninitialised ``recv_topk_idx`` tail (PR #739): a ``do_cpu_sync=False``
+    dispatch fills the rows past the valid count with -1 (P26 holds on it where the library has the known defect)."""
+
+    def dispatch(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().dispatch(*args, **kwargs)
+        if kwargs.get("do_cpu_sync") is False and kwargs.get("handle") is None and isinstance(result, tuple):
+            recv_idx, handle = result[1], result[3]
+            if recv_idx is not None:
+                recv_idx[int(handle.psum_num_recv_tokens_per_scaleup_rank[-1]):] = -1
+        return result
+
+
 not_a_class = "a string"
 
 
