@@ -55,6 +55,7 @@ SKIP_LABELS = (
     (re.compile(r"seed PR's patch is not here"), "no ../shared (seed PR)"),
     (re.compile(r"DeepEP mirror"), "no DeepEP mirror"),
     (re.compile(r"the recording .* holds section"), "a recorded section is an error"),
+    (re.compile(r"no real recording of section"), "a section not recorded on the real library yet"),
     (re.compile(r"not installed|needs the '\w+' program|registry unreachable|not installable"), "a tool missing"),
     (re.compile(r"network namespaces"), "no network namespaces"),
 )

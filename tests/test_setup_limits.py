@@ -132,12 +132,11 @@ TIMEOUT_S = 4.0
 def shared_session():
     """A 1 x 2 CPU world started as ranks sharing one GPU, over the emulated V2 and the two stand-ins."""
     from conformance.backends.alias import ENV
+    from conformance.backends.plugins import probe_in_subprocess
     from conformance.core.spec import CLASS, BackendSpec, parse_backends
     from conformance.harness.config import RunConfig
     from conformance.harness.session import Session
     from conformance.world.launcher import WorldShape
-
-    from conformance.backends.plugins import probe_in_subprocess
 
     def stand_in(name: str, real: bool) -> BackendSpec:  # with its class's declaration, read as the controller does
         declared = probe_in_subprocess(name.partition("=")[2], "emulation", api="v2").get("capabilities")
