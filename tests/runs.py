@@ -23,7 +23,10 @@ def run_pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = N
     interpreter (a venv's, with the suite installed) runs it, without the checkout on its path."""
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
     if python != sys.executable:
-        for name in ("PYTHONPATH", "CONFORMANCE_DEEP_EP", "VIRTUAL_ENV"):
+        # a clean venv's torch was installed --no-compile (tests/installs.py): its first process writes the bytecode
+        # the others then read (about 2 s of CPU per process that imports torch, where the environment has
+        # PYTHONDONTWRITEBYTECODE set)
+        for name in ("PYTHONPATH", "CONFORMANCE_DEEP_EP", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"):
             base.pop(name, None)
     env = tagged({**base, **(env or {})})
     started = time.monotonic()
