@@ -34,7 +34,7 @@ def test_every_job_runs_keeps_its_output_and_a_job_past_its_limit_is_stopped(tmp
     result = jit.warm_up(config, str(tmp_path), lines.append)
     from conformance.strategies.vocabulary import named
 
-    assert len(result["jobs"]) == len(jit.jobs(named("jit"))) == 10, result
+    assert len(result["jobs"]) == len(jit.jobs(named("jit"))) == 10 + jit.SWEEP_PARTS, result
     assert result["side_by_side"] == jit.CPU_SIDE_BY_SIDE
     stopped = [j for j in result["jobs"] if "stopped" in j]
     assert len(stopped) == 1 and stopped[0]["exit"] == 3, result["jobs"]
@@ -61,7 +61,7 @@ def test_once_the_compiles_are_over_the_remaining_runs_are_stopped(tmp_path, mon
     """Runs 16 and 19a (one H200): the warm-up's compiles ended 41-53 s after the first began, its runs went on to
     100 s and 150 s; a quiet compile log ends the warm-up instead."""
     monkeypatch.setattr(jit, "command", _compiles_then_lingers)
-    monkeypatch.setattr(jit, "CPU_SIDE_BY_SIDE", 10)
+    monkeypatch.setattr(jit, "CPU_SIDE_BY_SIDE", 10 + jit.SWEEP_PARTS)
     monkeypatch.setattr(jit, "QUIET_S", 1.0)
     monkeypatch.setattr(jit, "QUIET_MIN_S", 2.5)  # every stand-in has started and logged by then
     monkeypatch.setattr(jit, "warmed", lambda config: None)
@@ -70,7 +70,7 @@ def test_once_the_compiles_are_over_the_remaining_runs_are_stopped(tmp_path, mon
                              rank_env={jit.LOG_ENV: str(log)}, shapes="jit")
     lines: list[str] = []
     result = jit.warm_up(config, str(tmp_path), lines.append)
-    assert len(result["jobs"]) == 10 and 2.5 <= result["wall_s"] < 30, result
+    assert len(result["jobs"]) == 10 + jit.SWEEP_PARTS and 2.5 <= result["wall_s"] < 30, result
     assert all("without a compile" in job.get("stopped", "") and job["exit"] != 0 for job in result["jobs"]), result
     assert jit.read_log(str(log))
 
@@ -109,3 +109,30 @@ def test_a_run_that_fails_before_any_compile_says_why_and_ends_the_warm_up(tmp_p
     assert "before any kernel compiled" in result["ended_early"], result
     assert len(result["jobs"]) == jit.CPU_SIDE_BY_SIDE < 10 and result["wall_s"] < 30, result  # none queued started
     assert all("once a run failed" in job["stopped"] for job in result["jobs"] if job is not failed[0]), result
+
+
+def test_p12_sweep_is_warmed_in_parts_that_make_every_case_once(monkeypatch) -> None:
+    """Run 24a (one H100, cold): P12's sweep compiled its valid neighbours' kernels one after another, 157 s.  The
+    warm-up makes the sweep in parts side by side: each part's run gets its share through the environment, the parts
+    together make every explicit case exactly once, and they keep the known defects (a known defect's row counted as
+    failed would end the part's explicit cases)."""
+    from conformance.strategies.vocabulary import named
+
+    parts = [job for job in jit.jobs(named("jit")) if job.part is not None]
+    assert [job.properties for job in parts] == [(jit.SWEEP,)] * jit.SWEEP_PARTS
+    cases = list(range(11))  # run 24a's sweep: 11 cases on one node
+    shares = []
+    for job in parts:
+        monkeypatch.setenv(jit.PART_ENV, job.env()[jit.PART_ENV])
+        shares.append(jit.explicit_part(cases))
+    assert sorted(case for share in shares for case in share) == cases and all(shares), shares
+    monkeypatch.delenv(jit.PART_ENV)
+    assert jit.explicit_part(cases) == cases  # the run proper: all of them
+    config = SimpleNamespace(backends=[SimpleNamespace(name="real-v2", api="v2", real=True)],
+                             shape=SimpleNamespace(ranks_per_node=2), device="cuda", rank_setup="shared", shapes="jit",
+                             example_timeout_s=60, seed=1, deep_ep=None, deep_ep_mode=None)
+    modules = {jit.SWEEP: "p12.py", "P1-per-expert-payloads": "p1.py"}
+    assert "--known-defects" not in jit.command(parts[0], config, "/tmp/x", modules)
+    assert "p12.py" in jit.command(parts[0], config, "/tmp/x", modules)
+    assert "none" in jit.command(jit.jobs(named("jit"))[0], config, "/tmp/x", modules)
+    assert "part 1 of 4" in parts[0].describe(named("jit"))

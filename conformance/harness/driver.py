@@ -203,10 +203,11 @@ def shaped(prop: Property, config: Any) -> tuple[Any, list[Any]]:
     """``prop``'s strategy and explicit cases on the run's shape vocabulary (``--shapes``): snapped to its shapes
     unless the property draws freely (``Property.shapes``); the vocabulary is also the one this process's draws
     consult (the call sequences' state machine)."""
+    from conformance.harness.jit import explicit_part
     from conformance.strategies import vocabulary
 
     strategy = prop.strategy(config.shape)
-    explicit = prop.explicit(config.shape) if prop.explicit else []
+    explicit = explicit_part(prop.explicit(config.shape)) if prop.explicit else []
     # only where a V2 backend (the API whose kernels are compiled per shape) takes the property
     v2_checked = "v2" in prop.apis and any(b.api == "v2" and not b.lacks(prop.needs) for b in config.backends)
     chosen = vocabulary.named(config.shapes) if prop.shapes != "free" and v2_checked else None

@@ -42,6 +42,15 @@ ALL_SHAPES = (("P1-per-expert-payloads", "P5-combine", "P7-cached-dispatch", "P9
               ("P8-expand-layout", "P13-determinism", "P18-fp8-payloads", "P19-worst-case"))
 SMALL_SHAPE = (("P10-events", "P11-qp-cap", "P20-dispatch-options"),
                ("P21-buffer-options", "P22-epilogue-events", "P30-call-sequences"))
+#: P12's sweep (each refusal row's bad call and its valid neighbour, made on every run): on the real V2 nearly every
+#: valid neighbour is a kernel of its own (another number of SMs, experts, hidden size...), and the sweep compiled them
+#: one after another (run 24a, one H100, cold: 157 s of P12's 157 s, about 30 kernels).  The warm-up makes the sweep
+#: in :data:`SWEEP_PARTS` runs side by side, each a part of its cases (:data:`PART_ENV`).
+SWEEP = "P12-bad-input"
+SWEEP_PARTS = 4
+#: The variable that gives a warm-up run its part of every property's explicit cases, ``"I/K"`` (the I-th of K:
+#: cases I, I+K, I+2K...; :func:`explicit_part`).
+PART_ENV = "CONFORMANCE_EXPLICIT_PART"
 #: Examples per property in a warm-up run (the draws reach the options that select other kernels).
 EXAMPLES = 2
 #: Seconds a warm-up run may take before it is stopped (its compiles come first; a run held up by a slow or hanging
@@ -120,15 +129,34 @@ class Job:
 
     shape: int
     properties: tuple[str, ...]
+    #: this run's part of the explicit cases (``part`` of ``parts``), or ``None``: all of them
+    part: int | None = None
+    parts: int = 1
 
     def describe(self, vocabulary: Any) -> str:
-        return f"shape {self.shape} ({vocabulary.shapes[self.shape].describe()}): {', '.join(self.properties)}"
+        part = f" (part {self.part + 1} of {self.parts} of its explicit cases)" if self.part is not None else ""
+        return f"shape {self.shape} ({vocabulary.shapes[self.shape].describe()}): {', '.join(self.properties)}{part}"
+
+    def env(self) -> dict[str, str]:
+        """What the run's environment adds: its part of the explicit cases."""
+        return {PART_ENV: f"{self.part}/{self.parts}"} if self.part is not None else {}
 
 
 def jobs(vocabulary: Any) -> list[Job]:
-    """Every vocabulary shape with the shape-dependent properties, the first with the small-shape ones too."""
+    """Every vocabulary shape with the shape-dependent properties, the first with the small-shape ones too, and P12's
+    sweep in parts (its own shapes)."""
     out = [Job(i, group) for i in range(len(vocabulary.shapes)) for group in ALL_SHAPES]
-    return out + [Job(0, group) for group in SMALL_SHAPE]
+    out += [Job(0, group) for group in SMALL_SHAPE]
+    return out + [Job(0, (SWEEP,), part, SWEEP_PARTS) for part in range(SWEEP_PARTS)]
+
+
+def explicit_part(cases: list[Any]) -> list[Any]:
+    """``cases`` (a property's explicit cases), or this warm-up run's part of them (:data:`PART_ENV`)."""
+    part = os.environ.get(PART_ENV)
+    if not part:
+        return cases
+    index, _, count = part.partition("/")
+    return cases[int(index)::int(count)]
 
 
 def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> list[str]:
@@ -140,7 +168,10 @@ def command(job: Job, config: Any, report_dir: str, modules: dict[str, str]) -> 
             "--nodes", "1", "--ranks-per-node", str(config.shape.ranks_per_node), "--device", config.device,
             "--rank-setup", config.rank_setup, "--shapes", f"{config.shapes}:{job.shape}", "--warm-up", "off",
             "--max-examples", str(EXAMPLES), "--conformance-seed", str(config.seed or 0), "--report-dir", report_dir,
-            "--example-timeout", str(config.example_timeout_s), "--max-restarts", "1", "--known-defects", "none"]
+            "--example-timeout", str(config.example_timeout_s), "--max-restarts", "1"]
+    # the sweep's parts keep the known defects (a known defect's row, counted as failed, would end the part's
+    # explicit cases: Hypothesis stops at an explicit case's failure)
+    args += [] if job.part is not None else ["--known-defects", "none"]
     return args + (["--deep-ep", config.deep_ep_mode or ""] if config.deep_ep else [])
 
 
@@ -256,6 +287,7 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
                 if LOG_ENV in config.rank_env:  # the warm-up's compiles go into the run's own log
                     env[LOG_ENV] = config.rank_env[LOG_ENV]
                 env.pop("PYTEST_XDIST_WORKER", None)
+                env.update(job.env())
                 folder = os.path.join(base, f"job{index}")
                 os.makedirs(folder, exist_ok=True)
                 with open(os.path.join(folder, "log.txt"), "wb") as log:  # why a job failed or ran long
