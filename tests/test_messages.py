@@ -45,3 +45,20 @@ def test_a_build_root_placeholder_matches_with_or_without_the_build_directory() 
     assert not matches("v2_combine_hidden_tma", real.replace(":198", ":199"))
     emulated = real.replace("/tmp/src/DeepEP", "<DeepEP build root>")
     assert matches("v2_combine_hidden_tma", emulated)
+
+
+def test_a_path_through_a_relative_include_is_the_same_file() -> None:
+    """The real 2.5.0 names a header included by a relative path through the including file's folder
+    (``csrc/buffers/../kernels/ep/dispatch.hpp``): run 26 on one H100, P12 failed real-v2's refusal
+    ``v2_dispatch_cached_stats`` on its own comparison.  Another file or line still differs."""
+    from conformance import versions
+
+    table = versions.contract("2.5.0").refusals
+    real = ("Assertion exception (/tmp/ep25src/src/csrc/buffers/../kernels/ep/dispatch.hpp:57): "
+            "cumulative_local_expert_recv_stats == nullptr")
+    assert table.matches("v2_dispatch_cached_stats", real)
+    assert table.matches("v2_dispatch_cached_stats", without_build_directory(real))
+    assert table.matches("v2_dispatch_cached_stats", real.replace("buffers/../", ""))
+    assert not table.matches("v2_dispatch_cached_stats", real.replace(":57", ":58"))
+    assert not table.matches("v2_dispatch_cached_stats", real.replace("kernels/ep/", "kernels/ll/"))
+    assert not table.matches("v2_dispatch_cached_stats", real.replace("buffers/../", "buffers/"))
