@@ -18,6 +18,8 @@
 #   catalog25   the whole catalog on DeepEP 2.5.0 (real-v1,real-v2,emulated-v1,emulated-v2; the emulated ones follow
 #               the real version), 10 examples, --baseline the catalog21 baseline: the bump explained
 #               ($OUT/catalog25/{conformance.json,conformance.md,bump.md,log.txt})
+#   p12-25      P12 alone on DeepEP 2.5.0 (real-v2, emulated-v2), 10 examples: the rerun after the fix of the suite's
+#               message comparison that failed P12 in run 26 (a path through a relative include, ffd8b9d)
 #   megatron25  megatron21's run on DeepEP 2.5.0 with --baseline its 2.1.0 report: the wrapper through the bump
 # T: the outer limit of a part in seconds (SIGTERM: the run stops and writes its partial report).
 set -uo pipefail
@@ -90,6 +92,10 @@ for part in ${PARTS:?PARTS: the parts to run}; do
       use_25
       run_pytest catalog25 "${T:-300}" --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 10 \
         --conformance-seed 2606 --allow-partial --baseline "$BASELINE21" ;;
+    p12-25)
+      use_25
+      run_pytest p12-25 "${T:-150}" --backends real-v2,emulated-v2 --max-examples 10 --conformance-seed 2606 \
+        --allow-partial conformance/properties/test_p12_bad_input.py ;;
     megatron25)
       use_25; megatron_path
       run_pytest megatron25 "${T:-100}" --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v2 --deep-ep real \
