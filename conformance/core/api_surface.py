@@ -240,7 +240,11 @@ def diff_surface(expected: dict[str, Any], observed: dict[str, Any]) -> list[Cha
     for class_name, methods in expected["classes"].items():
         got_methods = observed["classes"].get(class_name)
         if got_methods is None:
-            renamed = _renamed_to(methods, {c: observed["classes"][c] for c in added_classes})
+            # judged on the methods the suite covers: the real 2.1.0's ElasticBuffer also has agrs_*, pp_* and
+            # engram_* (not covered), which 2.5.0's EPBuffer dropped (run 26: "class not found" otherwise)
+            covered = {m: e for m, e in methods.items()
+                       if m not in set(expected.get("not_covered", {}).get(class_name, []))}
+            renamed = _renamed_to(covered or methods, {c: observed["classes"][c] for c in added_classes})
             if renamed is not None:
                 added_classes.remove(renamed)
                 changes.append(Change(class_name, "renamed-class", f"renamed to {renamed!r} (same methods); "

@@ -11,12 +11,15 @@ names, :mod:`conformance.reporting.accept`), and the verdict.  :func:`markdown` 
 (``reports/bump.md``); :func:`terminal_lines` gives the first lines of the terminal summary.
 
 ``python -m conformance.reporting.bump OLD.json NEW.json --out docs/bumps/2.1.0-to-2.5.0.md [--accept-bump FILE]``
-writes the same Markdown from two kept reports (no run); ``--gate`` makes its exit status the verdict.
+writes the same Markdown from two kept reports (no run); ``--gate`` makes its exit status the verdict.  ``--rerun
+REPORT`` (repeatable): the properties a later run of the same DeepEP version made replace the new report's (a rerun
+after a fix of the suite), said in the Markdown with the rerun's report and command (:func:`with_reruns`).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 from typing import Any
@@ -230,6 +233,31 @@ def explain(baseline: dict[str, Any], current: dict[str, Any], accept: Acceptanc
     }
 
 
+def with_reruns(current: dict[str, Any], reruns: list[tuple[str, dict[str, Any]]]) -> tuple[dict[str, Any],
+                                                                                        list[dict[str, Any]]]:
+    """``current`` with every property a rerun reported (not ``not-run``) replaced by the rerun's entry, and the
+    known defects of those properties by the rerun's; and what was replaced from where.  A rerun of another DeepEP
+    version than ``current``'s is refused (ValueError): it would mix two libraries in one column."""
+    out = copy.deepcopy(current)
+    notes: list[dict[str, Any]] = []
+    for path, rerun in reruns:
+        if library_version(rerun) != library_version(current):
+            raise ValueError(f"the rerun {path} ran deep_ep {library_version(rerun)}, the report "
+                             f"{library_version(current)}: a rerun replaces properties of the same version only")
+        index = {p["id"]: i for i, p in enumerate(out["properties"])}
+        ran = [p for p in rerun.get("properties", []) if p.get("status") != "not-run" and p["id"] in index]
+        if not ran:
+            raise ValueError(f"the rerun {path} reports none of the report's properties")
+        ids = {p["id"] for p in ran}
+        for entry in ran:
+            out["properties"][index[entry["id"]]] = entry
+        known = out.setdefault("known_defects", {"entries": []})
+        known["entries"] = [e for e in known.get("entries", []) if e.get("property") not in ids] + \
+            [e for e in rerun.get("known_defects", {}).get("entries", []) if e.get("property") in ids]
+        notes.append({"report": path, "properties": sorted(ids), "command": rerun["environment"].get("command")})
+    return out, notes
+
+
 # ------------------------------------------------------------------------------------------ Markdown
 def _cell(text: Any) -> str:
     return str(text if text is not None else "-").replace("|", "\\|").replace("\n", " ")
@@ -261,6 +289,13 @@ def markdown(bump: dict[str, Any]) -> str:
     if bump["before"].get("report"):
         lines += [f"Baseline: `{bump['before']['report']}`" + (f" (`{bump['before']['command']}`)"
                                                               if bump["before"].get("command") else ""), ""]
+    if bump["after"].get("report"):
+        lines += [f"Now: `{bump['after']['report']}`" + (f" (`{bump['after']['command']}`)"
+                                                        if bump["after"].get("command") else ""), ""]
+    for rerun in bump["after"].get("reruns", []):
+        lines += [f"Rerun: {', '.join(rerun['properties'])} from `{rerun['report']}`"
+                  + (f" (`{rerun['command']}`)" if rerun.get("command") else "")
+                  + ": its results replace the run's (a rerun of the same version after a fix of the suite).", ""]
     lines += ["| backend | contract | baseline | now | |", "|---|---|---|---|---|"]
     for row in bump["backends"]:
         was = (f"`{row['class_before']}`, {row['version_before']}" if row["baseline"] else "-")
@@ -403,11 +438,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", metavar="FILE", help="write the Markdown there (default: print it)")
     parser.add_argument("--accept-bump", metavar="FILE", help="accepted changes (docs/reference.md)")
     parser.add_argument("--gate", action="store_true", help="exit 1 when the bump fails the gate")
+    parser.add_argument("--rerun", metavar="REPORT", action="append", default=[],
+                        help="a later report of the same DeepEP version whose properties replace the current report's "
+                             "(a rerun after a fix of the suite; repeatable)")
     args = parser.parse_args(argv)
     try:
         old, new = load_report(args.baseline), load_report(args.current)
+        new, reruns = with_reruns(new, [(path, load_report(path)) for path in args.rerun])
         accept = load_acceptance(args.accept_bump)
         bump = explain(old, new, accept, baseline_path=args.baseline)
+        bump["after"].update(report=args.current, reruns=reruns)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
