@@ -190,6 +190,30 @@ def test_who_raised_is_read_from_the_raising_frame() -> None:
         raise SuiteError("explicit")
 
 
+def test_a_device_fault_that_surfaces_in_the_suites_code_is_never_a_suite_error() -> None:
+    """Run 27a (one H100, the real 2.1.0): real-v1's known shrink-mode fault (an illegal address, sticky) surfaced at
+    the suite's next synchronising call, ``status.cpu()`` in ``backends/low_latency.py``, and P23 reported a suite
+    error where run 22b had reported the known defect.  A CUDA fault is asynchronous: it belongs to the backend's
+    operation it surfaced in, whatever line reported it; any other exception raised there is still the suite's."""
+    import torch
+
+    from conformance.core.raisers import SUITE_ROOT, is_device_fault
+
+    where = str(SUITE_ROOT / "backends" / "low_latency.py")
+    fault_type = getattr(torch, "AcceleratorError", RuntimeError)
+    for exc_type, text in ((fault_type, "CUDA error: an illegal memory access was encountered"),
+                           (RuntimeError, "CUDA error: device-side assert triggered"),
+                           (ValueError, "not a device fault")):
+        try:
+            exec(compile(f"raise exc_type({text!r})", where, "exec"), {"exc_type": exc_type})
+        except Exception as exc:  # noqa: BLE001
+            raised = exc
+        device = exc_type is not ValueError
+        assert is_device_fault(raised) is device, raised
+        assert (suite_frame(raised) is None) is device, (raised, suite_frame(raised))
+    assert "conformance/backends/low_latency.py:1" in (suite_frame(raised) or "")
+
+
 def test_a_suite_error_on_the_ranks_is_named_and_never_a_backends_failure() -> None:
     from conformance.world.errors import RankRaised
     from conformance.world.launcher import World, WorldShape

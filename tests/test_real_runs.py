@@ -150,3 +150,39 @@ def test_a_kept_failure_of_the_suite_is_named_with_its_fix(run: str, property_id
     assert prop["status"] == "failed" and shown_by in prop["message"], (prop["status"], prop["message"][:300])
     assert KNOWN.match(property_id, ("real-v2",), SimpleNamespace(to_json=lambda: "{}"), prop["message"]) is None
     assert fixed_in in (RUNS / "README.md").read_text(), f"docs/real-runs/README.md names the fix {fixed_in}"
+
+
+RUN_26 = "2026-12-06-1xH100/26-catalog25/conformance.json"
+#: The defects of 2.1.0 that issue 36's probe found still there on 2.5.0, each with the property that finds it.
+PERSISTING = {"v2-recv-topk-idx-uninitialised-past-valid-rows": "P26-worst-case-whole",
+              "v2-buffer-on-uninitialised-nccl-group-sigsegv": "P27-fresh-groups",
+              "v2-cached-dispatch-without-num-experts": "P12-bad-input"}
+
+
+def test_the_real_2_5_0_catalog_gives_every_v2_property_a_verdict_on_epbuffer() -> None:
+    """Run 26 (issue 36, one H100, the kit's real 2.5.0, cold, 10 examples, gated against run 24a): complete; real-v2
+    is ``EPBuffer`` of the real 2.5.0, real-v1 unsupported (V1 removed); every property of the V2 contract has a
+    verdict on real-v2 (none not-run or not-checked); two of the persisting defects found on real-v2 itself.  P12
+    failed real-v2 on the suite's own comparison (a path through a relative include, fixed in ffd8b9d)."""
+    report = _report(RUN_26)
+    assert report["complete"] is True and report["environment"]["deep_ep"] == "2.5.0"
+    backends = {b["name"]: b for b in report["environment"]["backends"]}
+    assert backends["real-v2"]["real"] is True and backends["real-v2"]["api"] == "EPBuffer"
+    assert backends["real-v2"]["deep_ep_seen"] == {**backends["real-v2"]["deep_ep_seen"], "kind": "real",
+                                                   "version": "2.5.0"}
+    statuses = {}
+    for prop in report["properties"]:
+        verdict = prop["verdicts"].get("real-v2", {})
+        statuses[prop["id"]] = verdict.get("status")
+        assert verdict.get("status") not in (None, "not-run", "not-checked"), (prop["id"], verdict)
+        v1 = prop["verdicts"].get("real-v1", {})
+        assert v1.get("status") in ("unsupported", "skipped"), (prop["id"], v1)
+    assert statuses["P31-soak"] == "skipped"  # the soak runs only when asked (--soak)
+    for defect, property_id in PERSISTING.items():
+        if property_id == "P12-bad-input":
+            continue  # the rerun below
+        assert _property(report, property_id)["verdicts"]["real-v2"]["defects"].get(defect, 0) >= 1, defect
+    p12 = _property(report, "P12-bad-input")
+    assert p12["verdicts"]["real-v2"]["status"] == "failed" and "buffers/../kernels/ep/dispatch.hpp:57" in \
+        p12["message"]
+    assert "ffd8b9d" in (RUNS / "README.md").read_text()

@@ -136,3 +136,18 @@ def test_p12_sweep_is_warmed_in_parts_that_make_every_case_once(monkeypatch) -> 
     assert "p12.py" in jit.command(parts[0], config, "/tmp/x", modules)
     assert "none" in jit.command(jit.jobs(named("jit"))[0], config, "/tmp/x", modules)
     assert "part 1 of 4" in parts[0].describe(named("jit"))
+
+
+def test_a_run_of_some_properties_warms_up_for_those_only() -> None:
+    """Run 27b (one H100, the real 2.5.0, cold): a run of P12 alone spent its 150 s limit warming up the whole
+    catalog's kernels and never reached P12.  The warm-up runs the selected properties' jobs only, each job with the
+    selected ones of its properties; none selected: no warm-up run."""
+    from conformance.strategies.vocabulary import named
+
+    every = jit.jobs(named("jit"))
+    assert jit.for_selected(every, None) == every
+    only_p12 = jit.for_selected(every, frozenset({jit.SWEEP}))
+    assert len(only_p12) == jit.SWEEP_PARTS and all(job.properties == (jit.SWEEP,) for job in only_p12)
+    p1 = jit.for_selected(every, frozenset({"P1-per-expert-payloads", "P14-api-surface"}))
+    assert len(p1) == len(named("jit").shapes) and all(job.properties == ("P1-per-expert-payloads",) for job in p1)
+    assert jit.for_selected(every, frozenset({"P14-api-surface"})) == []

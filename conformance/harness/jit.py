@@ -21,6 +21,7 @@ compiled ends the warm-up (the other runs would fail the same way: a library who
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -246,9 +247,21 @@ def warmed(config: Any) -> str | None:
     return None
 
 
-def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Run the warm-up jobs side by side (as many at once as the GPUs allow: all of them on a shared GPU); return
-    what each did and the warm-up's wall time.  Skipped where the kernel cache is already warm (:func:`warmed`)."""
+def for_selected(todo: list[Job], selected: frozenset[str] | None) -> list[Job]:
+    """The warm-up jobs of the properties a run selected (each job with those of its properties only); all of them
+    where ``selected`` is ``None``."""
+    if selected is None:
+        return todo
+    return [dataclasses.replace(job, properties=tuple(p for p in job.properties if p in selected))
+            for job in todo if set(job.properties) & selected]
+
+
+def warm_up(config: Any, report_dir: str, progress: Callable[[str], None],
+            selected: frozenset[str] | None = None) -> dict[str, Any]:
+    """Run the warm-up jobs of the ``selected`` properties (all where ``None``) side by side (as many at once as the
+    GPUs allow: all of them on a shared GPU); return what each did and the warm-up's wall time.  Skipped where the
+    kernel cache is already warm (:func:`warmed`) or no selected property has a job.  Only a warm-up of every job
+    leaves the marker that lets a later run skip it."""
     skip = warmed(config)
     if skip:
         progress(f"conformance: JIT warm-up skipped: {skip} (delete {cache_dir() / MARKER} to warm it again)")
@@ -259,7 +272,12 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
 
     vocabulary = named(config.shapes)
     modules = module_files()
-    todo = jobs(vocabulary)
+    every = jobs(vocabulary)
+    todo = for_selected(every, selected)
+    if not todo:
+        progress("conformance: JIT warm-up skipped: no selected property has warm-up runs (their kernels compile "
+                 "when first needed)")
+        return {"jobs": [], "wall_s": 0.0, "side_by_side": 0, "skipped": "no selected property has warm-up runs"}
     per_world = config.shape.ranks_per_node
     gpus = list(config.gpu_ids)
     if config.device != "cuda":
@@ -343,7 +361,8 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None]) -> di
     result = {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}
     if result_note:
         result["ended_early"] = result_note[0]
-    if config.device == "cuda":
+    if config.device == "cuda" and len(todo) == len(every) and all(
+            job.properties == whole.properties for job, whole in zip(todo, every, strict=True)):
         try:
             cache_dir().mkdir(parents=True, exist_ok=True)
             (cache_dir() / MARKER).write_text(json.dumps({**marker_for(config), "jobs": done}, indent=1))

@@ -173,8 +173,9 @@ class ConformanceRun:
         return lines + [f"conformance: {note}" for note in run.notes]
 
     # ---------------------------------------------------------------------------------- the worker side
-    def session_fixture(self) -> Iterator[Any]:
-        """Body of the ``conformance`` fixture: the worker's session, closed at the end."""
+    def session_fixture(self, selected: frozenset[str] | None = None) -> Iterator[Any]:
+        """Body of the ``conformance`` fixture: the worker's session, closed at the end (``selected``: the property
+        ids the run selected, which the JIT warm-up compiles for)."""
         from conformance.harness.session import Session
 
         if self.session is None:  # else made at collection, its node agents already loading torch
@@ -184,7 +185,8 @@ class ConformanceRun:
         if self.run.warm_up and self.warm_up is None:
             from conformance.harness.jit import warm_up
 
-            self.warm_up = warm_up(self.run, self.report_dir, lambda line: self._write_progress(line, live=True))
+            self.warm_up = warm_up(self.run, self.report_dir, lambda line: self._write_progress(line, live=True),
+                                   selected)
         try:
             yield session
         finally:
