@@ -263,3 +263,35 @@ def test_the_bump_of_two_kept_reports_is_written_for_docs(old, tmp_path: Path) -
     assert out.read_text().startswith("# DeepEP bump: 2.1.0 -> 2.5.0")
     assert main([str(REAL_2_1_0), str(new), "--out", str(out), "--gate"]) == 1
     assert main([str(REAL_2_1_0), str(REAL_2_1_0), "--gate"]) == 0  # a report against itself: nothing changed
+
+
+REAL_2_5_0 = ROOT / "docs" / "real-runs" / "2026-12-06-1xH100" / "26-catalog25" / "conformance.json"
+REAL_2_1_0_COLD = ROOT / "docs" / "real-runs" / "2026-12-06-1xH100" / "27a-catalog21-cold" / "conformance.json"
+
+
+def test_the_real_rename_is_a_rename_and_a_rerun_replaces_its_properties(tmp_path: Path) -> None:
+    """The two real runs (27a: 2.1.0, 26: 2.5.0, one H100): ``ElasticBuffer`` is renamed ``EPBuffer`` although 2.5.0
+    dropped its agrs_/pp_/engram_ methods (judged on the methods the suite covers; those methods are listed as
+    removed); a rerun of P12 (of the same version) replaces the run's P12 and its known defects, and is named; a
+    rerun of another version is refused."""
+    old, new = json.loads(REAL_2_1_0_COLD.read_text()), json.loads(REAL_2_5_0.read_text())
+    bump = explain(old, new)
+    table = {r["where"]: r for r in bump["api"]["migration"]}
+    assert table["ElasticBuffer"]["now"] == "`EPBuffer`" and table["EPBuffer.pp_send"]["now"] == "removed"
+    assert "P12-bad-input:real-v2" in {f["id"] for f in bump["findings"] if f["fails"]}  # run 26: the suite's fault
+    rerun = copy.deepcopy(new)
+    p12 = next(p for p in rerun["properties"] if p["id"] == "P12-bad-input")
+    p12["status"], p12["verdicts"]["real-v2"] = "known-defect", dict(p12["verdicts"]["emulated-v2"])
+    for other in rerun["properties"]:
+        if other["id"] != "P12-bad-input":
+            other["status"] = "not-run"
+    path = tmp_path / "rerun.json"
+    path.write_text(json.dumps(rerun))
+    out = tmp_path / "bump.md"
+    assert main([str(REAL_2_1_0_COLD), str(REAL_2_5_0), "--rerun", str(path), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"Rerun: P12-bad-input from `{path}`" in text and "| P12-bad-input | real-v2 | known-defect | failed" \
+        not in text
+    rerun["environment"]["deep_ep"] = "2.1.0"
+    path.write_text(json.dumps(rerun))
+    assert main([str(REAL_2_1_0_COLD), str(REAL_2_5_0), "--rerun", str(path)]) == 2

@@ -186,3 +186,34 @@ def test_the_real_2_5_0_catalog_gives_every_v2_property_a_verdict_on_epbuffer() 
     assert p12["verdicts"]["real-v2"]["status"] == "failed" and "buffers/../kernels/ep/dispatch.hpp:57" in \
         p12["message"]
     assert "ffd8b9d" in (RUNS / "README.md").read_text()
+
+
+RUN_27A = "2026-12-06-1xH100/27a-catalog21-cold/conformance.json"
+
+
+def test_the_cold_catalog_is_complete_in_one_call_with_p12_warmed_up() -> None:
+    """Run 27a (issue 37, one H100, the real 2.1.0, cold): every property ran in one call (the benchmark's wall
+    under 600 s), P12 no longer the run's largest share (157 s in 24a) since its sweep is compiled in the warm-up;
+    the warm-up ran the 10 vocabulary runs and P12's 4 parts side by side.  Its P23 cell is the suite error fixed
+    after it (a device fault surfacing in the suite's ``status.cpu()``)."""
+    report = _report(RUN_27A)
+    assert report["complete"] is True and all(p["status"] != "not-run" for p in report["properties"])
+    assert {b["name"]: b["real"] for b in report["environment"]["backends"]}["real-v1"] is True
+    bench = json.loads((RUNS / "2026-12-06-1xH100/27a-catalog21-cold/benchmark.json").read_text())
+    assert bench["figures"]["catalog"]["complete"] is True and bench["figures"]["catalog"]["wall"]["median"] < 600
+    assert len(report["jit"]["warm_up"]["jobs"]) == 14
+    p12 = _property(report, "P12-bad-input")
+    assert p12["status"] == "known-defect" and p12["wall_s"] < 100, p12["wall_s"]
+    p23 = _property(report, "P23-ll-shrink")
+    assert p23["status"] == "suite-error" and "illegal memory access" in p23["message"]
+    from conformance.core.raisers import is_device_fault
+
+    assert is_device_fault(RuntimeError(p23["cause"]["detail"]))  # now the backend's, not the suite's
+
+
+def test_the_warm_catalog_did_not_fit_three_minutes() -> None:
+    """Run 27b: on 27a's kernel cache the warm-up was skipped and little compiled, yet 22 of 31 properties took the
+    200 s the part had: the warm target of issue 37 is not met (kept as measured)."""
+    report = _report("2026-12-06-1xH100/27b-warm21/conformance.json")
+    assert report["complete"] is False and report["jit"]["warm_up"].get("skipped")
+    assert sum(p["status"] != "not-run" for p in report["properties"]) == 22
