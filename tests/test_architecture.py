@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                    "conformance.integrations", "conformance.serve")),
     ("controller foundations", ("conformance.oracle", "conformance.strategies", "conformance.canonical",
                                 "conformance.assertions", "conformance.world.launcher")),
+    ("shared checks", ("conformance.checks",)),  # what several properties assert: never a property module
     ("properties", ("conformance.properties",)),
     ("harness", ("conformance.harness", "conformance.reporting", "conformance.mutation", "conformance.repro",
                  "conformance.docs", "conformance.new_property",
@@ -169,3 +170,36 @@ def test_property_ids_read_from_source_match_the_catalog() -> None:
     from conformance.properties import catalog
 
     assert ids_from_source() == list(catalog())
+
+
+
+def property_import_offenders(modules: dict[str, Path]) -> list[str]:
+    """Each import of a property module that names another property module, or an emulation module whose name
+    starts with ``_`` (the emulation's private model)."""
+    offenders = []
+    for module, path in modules.items():
+        if not module.startswith("conformance.properties.test_p"):
+            continue
+        for target in sorted(imports_of(path, module)):
+            if target.startswith("conformance.properties.test_p") and target != module:
+                offenders.append(f"{module} imports the property module {target}")
+            if target.startswith("conformance.emulation") and any(
+                    part.startswith("_") for part in target.split(".")[2:]):
+                offenders.append(f"{module} imports the emulation's private module {target}")
+    return offenders
+
+
+def test_a_property_module_imports_no_other_property_and_no_private_emulation_module() -> None:
+    """A property module reads the checks it shares from ``conformance.checks`` and the library's per-version data
+    from ``conformance.versions``: never another property module (a check living in another property's module), nor
+    the emulation's private modules."""
+    assert not property_import_offenders(MODULES), "\n".join(property_import_offenders(MODULES))
+
+
+def test_the_property_import_rule_sees_planted_imports(tmp_path: Path) -> None:
+    planted = tmp_path / "test_p99_planted.py"
+    planted.write_text("from conformance.properties.test_p06_round_trip import PROPERTY\n"
+                       "from conformance.emulation._refusals import table\n"
+                       "from conformance.checks.round_trip import check\n")
+    found = property_import_offenders({"conformance.properties.test_p99_planted": planted})
+    assert len(found) == 2 and "test_p06_round_trip" in found[1] and "_refusals" in found[0], found

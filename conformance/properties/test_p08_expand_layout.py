@@ -8,6 +8,7 @@ from typing import Any
 
 from conformance.assertions import assert_ints_equal, assert_receipts_equal, assert_same_tokens, for_each_backend
 from conformance.canonical import Segments, fold_expanded, receipts_from_view, segments_of, slot_pointers, token_rows
+from conformance.checks.expand import check_expand_shapes
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, v2_layout
 from conformance.oracle import (
@@ -22,22 +23,6 @@ from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.layout import alignment_examples
 from conformance.tasks.dispatch import expand_views
-
-
-def check_expand_shapes(view: DispatchView, segments: Segments, *, rank: int) -> None:
-    """``recv_x`` has one row per aligned slot of every expert; weights are 1-D, one per row."""
-    __tracebackhide__ = True
-    rows = view.x.shape[0]
-    if rows != segments.total_rows:
-        raise AssertionError(
-            f"recv_x.shape[0][rank {rank}] = {rows}, expected {segments.total_rows} (sum of the aligned counts "
-            f"{segments.aligned}: one row per (token, local expert) plus alignment padding) [{view.call}]"
-        )
-    if view.topk_weights.dim() != 1 or view.topk_weights.shape[0] != rows:
-        raise AssertionError(
-            f"recv_topk_weights[rank {rank}] has shape {tuple(view.topk_weights.shape)}, expected ({rows},): "
-            f"expand mode gives one weight per expanded row [{view.call}]"
-        )
 
 
 def check_slot_pointers(

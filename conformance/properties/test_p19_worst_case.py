@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from conformance.assertions import for_each_backend
+from conformance.checks.fp8_rows import call_of, check_rows
 from conformance.core.example import Example, build_all_inputs, fp8_payload
 from conformance.core.views import Unsupported
 from conformance.oracle import expected_received_tokens
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p18_fp8_payloads import call_of, check_rows
 from conformance.strategies import sized
 from conformance.strategies.low_latency import fp8_examples
 from conformance.tasks.low_latency import fp8_runs

@@ -22,23 +22,22 @@ reason.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from conformance.assertions import (
     assert_bytes_equal,
-    assert_positive_zero_rows,
     assert_receipts_equal,
     assert_reduction,
     for_each_backend,
 )
 from conformance.canonical import fold_expanded, receipts_from_view, segments_of
+from conformance.checks.dispatch_options import check_no_sync_layout, check_zero_padding
+from conformance.checks.expand import check_expand_shapes
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload
-from conformance.core.views import DispatchView, v2_layout
-from conformance.oracle import Receipts, expected_aligned_counts, expected_raw_counts, expected_receipts
-from conformance.oracle.counts import expected_padding_rows, expected_worst_expanded_rows
+from conformance.core.views import v2_layout
+from conformance.oracle import Receipts, expected_raw_counts, expected_receipts
 from conformance.oracle.reduction import (
     ExpectedSum,
     expected_combined_weights,
@@ -46,7 +45,6 @@ from conformance.oracle.reduction import (
     expected_rows_by_source,
 )
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p08_expand_layout import check_expand_shapes
 from conformance.strategies import sized
 from conformance.strategies.options import dispatch_option_examples
 from conformance.tasks.options import HandleCopyRun, dispatch_option_runs
@@ -87,37 +85,6 @@ def check_handle_run(ctx: CheckContext, example: Example, inputs: list[RankInput
             + ("a copy (do_handle_copy=True clones it, csrc/elastic/buffer.hpp:957-960)" if run.caller_changed else
                "the caller's own tensor (do_handle_copy=False makes no copy, deep_ep/buffers/elastic.py:1005)")
             + f" [{dispatch_call}]")
-
-
-def check_zero_padding(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int) -> None:
-    """The oracle's alignment padding rows of an expand-mode ``recv_x`` are +0.0, their weights 0."""
-    __tracebackhide__ = True
-    rows = expected_padding_rows(example, inputs, rank)
-    why = "is alignment padding and must be +0.0 with do_zero_padding=True"
-    assert_positive_zero_rows(view.x, rows, name="recv_x", rank=rank, call=view.call, label="row", why=why)
-    assert_positive_zero_rows(view.topk_weights, rows, name="recv_topk_weights", rank=rank, call=view.call,
-                              label="row", why=why)
-
-
-def check_no_sync_layout(view: DispatchView, example: Example, inputs: list[RankInputs], rank: int,
-                         receipts: Receipts) -> None:
-    """``do_cpu_sync=False``: the worst-case row count, and the valid part (the first
-    ``psum_num_recv_tokens_per_scaleup_rank[-1]`` tokens) folds back to the oracle's receipts in the oracle's
-    segments (the counts list is empty without a sync)."""
-    __tracebackhide__ = True
-    worst = expected_worst_expanded_rows(example)
-    if view.x.shape[0] != worst or view.topk_weights.shape[0] != worst:
-        raise AssertionError(f"recv_x / recv_topk_weights on rank {rank} have {view.x.shape[0]} / "
-                             f"{view.topk_weights.shape[0]} rows, expected {worst} (the worst-case expanded "
-                             f"allocation, csrc/elastic/buffer.hpp:1067-1070) [{view.call}]")
-    layout = v2_layout(view)
-    n = int(layout.psum_num_recv_tokens_per_scaleup_rank[-1])
-    valid = dataclasses.replace(
-        view, src_rank=view.src_rank[:n], src_token=view.src_token[:n],
-        num_recv_tokens_per_expert=expected_aligned_counts(example, inputs, rank),
-        layout=dataclasses.replace(layout, recv_src_metadata=layout.recv_src_metadata[:n]))
-    assert_receipts_equal(fold_expanded(valid), receipts, rank=rank,
-                          call=view.call + f" (its first {n} tokens, folded back in the oracle's expert segments)")
 
 
 def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -> None:

@@ -22,12 +22,12 @@ import torch
 
 from conformance.assertions import assert_counter_accumulates, assert_within_tolerance, for_each_backend
 from conformance.backends.low_latency import COST_BASE
+from conformance.checks.low_latency import check_dispatch
 from conformance.core.cases import ShrinkCase
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle.bounds import ll_combine_bound
 from conformance.oracle.quantize import expert_rows, weighted_identity_combine
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p15_ll_dispatch import check_dispatch
 from conformance.strategies import sized
 from conformance.strategies.low_latency import shrink_cases
 from conformance.tasks.low_latency import shrink_runs

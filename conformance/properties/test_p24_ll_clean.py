@@ -21,12 +21,12 @@ import torch
 
 from conformance.assertions import assert_bytes_equal, assert_within_tolerance, for_each_backend
 from conformance.backends.low_latency import PREFIX_BYTES
+from conformance.checks.low_latency import check_dispatch
 from conformance.core.cases import CleanCase
 from conformance.core.example import build_all_inputs
 from conformance.oracle.bounds import ll_combine_bound
 from conformance.oracle.quantize import signal_regions, weighted_identity_combine
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p15_ll_dispatch import check_dispatch
 from conformance.strategies import sized
 from conformance.strategies.low_latency import clean_cases
 from conformance.tasks.low_latency import clean_runs

@@ -34,12 +34,12 @@ from conformance.assertions import (
     for_each_backend,
 )
 from conformance.canonical import receipts_from_view
+from conformance.checks.dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.core.views import DispatchView, v2_layout
 from conformance.oracle import expected_aligned_counts, expected_receipts, expected_received_tokens
 from conformance.oracle.counts import expected_padding_rows
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p20_dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.strategies import examples, sized
 from conformance.tasks.worst_case import worst_case_views
 from conformance.versions import POISON_BYTE

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.assertions import assert_view_matches_oracle
+from conformance.checks.round_trip import check as round_trip_check
 from conformance.core.cases import BackToBackCase
 from conformance.core.views import Unsupported
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p06_round_trip import check as round_trip_check
 from conformance.strategies import sized
 from conformance.strategies.back_to_back import back_to_back_cases
 from conformance.tasks.back_to_back import back_to_back_rounds

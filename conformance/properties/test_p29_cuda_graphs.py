@@ -32,9 +32,9 @@ from __future__ import annotations
 from typing import Any
 
 from conformance.assertions import assert_view_matches_oracle, per_supported_backend, refused_on_every_rank
+from conformance.checks.round_trip import check as round_trip_check
 from conformance.core.cases import GraphCase
 from conformance.properties import CheckContext, Property, register
-from conformance.properties.test_p06_round_trip import check as round_trip_check
 from conformance.strategies import sized
 from conformance.strategies.cuda_graphs import graph_cases
 from conformance.tasks.cuda_graphs import GraphRun, Readout, graph_replays
