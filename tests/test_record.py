@@ -112,17 +112,24 @@ def test_both_ranks_written_in_the_old_format(recording: Path) -> None:
     assert hung.startswith("RecorderTimeout") and f"{HANG_TIMEOUT_S} s" in hung, hung
 
 
+def _compared(rec: dict, real: dict, rank: int) -> tuple[dict, list[str]]:
+    """A recording's old cases and errors against the real one's, through the fidelity test's comparison: the
+    mismatches and the fields compared."""
+    checked: list[str] = []
+    mismatches = {}
+    for name, case in real["cases"].items():
+        mismatches.update(replay.compare_case(rec["cases"][name], case, f"rank{rank}.{name}", checked))
+    chk = replay._Checker(f"rank{rank}.errors", checked)  # noqa: SLF001 - the fidelity test's checker
+    replay.compare_errors(chk, rec["errors"], real["errors"], rec["errors_not_raised"])
+    mismatches.update(chk.mismatches)
+    return mismatches, checked
+
+
 def test_old_cases_and_errors_equal_the_real_recording(recording: Path) -> None:
     """Field by field, through the fidelity test's comparison, inputs included."""
     for rank in (0, 1):
         rec, real = load(recording, rank), load(REAL, rank)
-        checked: list[str] = []
-        mismatches = {}
-        for name, case in real["cases"].items():
-            mismatches.update(replay.compare_case(rec["cases"][name], case, f"rank{rank}.{name}", checked))
-        chk = replay._Checker(f"rank{rank}.errors", checked)  # noqa: SLF001 - the fidelity test's checker
-        replay.compare_errors(chk, rec["errors"], real["errors"], rec["errors_not_raised"])
-        mismatches.update(chk.mismatches)
+        mismatches, checked = _compared(rec, real, rank)
         assert not mismatches, "\n".join(f"{k}: {v}" for k, v in mismatches.items())
         assert sum(k.endswith(".inputs.x") for k in checked) == len(real["cases"])
         assert len(checked) > 60 * len(real["cases"]), f"only {len(checked)} fields compared"
@@ -242,13 +249,7 @@ def test_a_2_5_0_recording_of_the_emulation_equals_the_real_2_5_0(tmp_path: Path
         rec, real = load(tmp_path, rank), replay.load_recording(rank, str(REAL_2_5_0))
         assert rec["meta"]["deep_ep"] == "2.5.0+emulation" and rec["meta"]["recorder"]["deep_ep_mode"] == \
             "emulation:2.5.0", (rec["meta"], out[-2000:])
-        checked: list[str] = []
-        mismatches = {}
-        for name, case in real["cases"].items():
-            mismatches.update(replay.compare_case(rec["cases"][name], case, f"rank{rank}.{name}", checked))
-        chk = replay._Checker(f"rank{rank}.errors", checked)  # noqa: SLF001 - the fidelity test's checker
-        replay.compare_errors(chk, rec["errors"], real["errors"], rec["errors_not_raised"])
-        mismatches.update(chk.mismatches)
+        mismatches, checked = _compared(rec, real, rank)
         assert not mismatches, "\n".join(f"{k}: {v}" for k, v in mismatches.items())
         assert set(rec["errors"]) | set(rec["errors_not_raised"]) == set(real["errors"])  # no V1 rows
         assert len(checked) > 40 * len(real["cases"]), f"only {len(checked)} fields compared"

@@ -222,6 +222,98 @@ class EPHandle:
         self.cached_recv_src_metadata_before_sort = None
 
 
+def dispatch_argument_checks(
+    buffer: Any,
+    x: torch.Tensor,
+    sf: torch.Tensor | None,
+    topk_idx: torch.Tensor,
+    topk_weights: torch.Tensor | None,
+    stats: torch.Tensor | None,
+    handle: Any,
+    num_max_tokens_per_rank: int,
+    num_experts: int,
+    num_sms: int,
+    previous_event: EventHandle | None,
+    allocate_on_comm_stream: bool,
+) -> tuple[int, int, int] | BaseException:
+    """The refusals of a V2 dispatch's arguments, from ``x``'s rank to the buffer's size, in the library's order:
+    ``ElasticBuffer::dispatch`` (within csrc/elastic/buffer.hpp:728-979) and 2.5.0's ``EPBuffer::dispatch`` (within
+    csrc/buffers/ep.hpp:311-547: the same checks in the same order, its stream prologue at ep.hpp:141-142, its
+    2-D ``dst_buffer_slot_idx`` at ep.hpp:462).  Each version's ``_check_dispatch`` makes its own checks before and
+    after these.  Returns ``(channels, num_topk, num_local_experts)`` (channels: the hybrid channel count, 1 in
+    direct mode), or, when this rank has more tokens than ``num_max_tokens_per_rank`` (a rank-local fact), that
+    refusal unraised."""
+    hybrid = buffer.num_scaleout_ranks > 1
+    cached = handle is not None
+    check(x.dim() == 2, "v2_dispatch_x_dim")  # get_shape<2>(x)
+    num_tokens, hidden = x.shape
+    num_local_experts = num_experts // buffer.num_ranks
+    check(x.is_contiguous(), "v2_dispatch_x_cuda_contiguous")
+    check((hidden * x.element_size()) % 16 == 0, "v2_dispatch_hidden_bytes")
+    if _refusals.violated(num_tokens <= num_max_tokens_per_rank, "v2_dispatch_too_many_tokens"):
+        return _refusals.error("v2_dispatch_too_many_tokens")
+    num_sf_packs = 0
+    if sf is not None:
+        check(sf.dim() == 2, "v2_dispatch_sf_dim")
+        check(sf.shape[0] == num_tokens, "v2_dispatch_sf_rows")
+        check(sf.is_cuda or not x.is_cuda, "v2_dispatch_sf_cuda")
+        check(sf.element_size() == 4, "v2_dispatch_sf_elem_size")
+        num_sf_packs = sf.shape[1]
+    check(topk_idx.dim() == 2, "v2_dispatch_topk_dim")
+    num_topk = topk_idx.shape[1]
+    check(topk_idx.shape[0] == num_tokens, "v2_dispatch_topk_rows")
+    check(topk_idx.dtype == torch.int64, "v2_dispatch_topk_dtype")
+    check(topk_idx.is_contiguous(), "v2_dispatch_topk_cuda_contiguous")
+    if topk_weights is not None:
+        check(topk_weights.dim() == 2, "v2_dispatch_weights_dim")
+        check(topk_weights.shape[0] == num_tokens, "v2_dispatch_weights_rows")
+        check(topk_weights.is_contiguous(), "v2_dispatch_weights_cuda_contiguous")
+        _checks.expect_dtype(topk_weights, torch.float32, "v2_dispatch_weights_dtype")
+    if stats is not None:
+        check(stats.dim() == 1, "v2_dispatch_stats_dim")
+        check(stats.is_contiguous(), "v2_dispatch_stats_cuda_contiguous")
+        check(stats.shape[0] == num_local_experts, "v2_dispatch_stats_len")
+        _checks.expect_dtype(stats, torch.int32, "v2_dispatch_stats_dtype")
+    if previous_event is not None:  # stream_control_prologue (buffer.hpp:539-540)
+        check(allocate_on_comm_stream, "v2_dispatch_previous_event_without_comm_alloc")
+    check(num_experts % buffer.num_ranks == 0, "v2_dispatch_experts_not_divisible_explicit")
+    if cached:
+        check(handle.psum_num_recv_tokens_per_expert.shape[0] == num_local_experts, "v2_dispatch_cached_handle_809")
+        check(
+            handle.num_unaligned_recv_tokens_per_expert.shape[0] == num_local_experts,
+            "v2_dispatch_cached_handle_824",
+        )
+        check(
+            handle.psum_num_recv_tokens_per_scaleup_rank.shape[0] == buffer.num_scaleup_ranks,
+            "v2_dispatch_cached_handle_838",
+        )
+    channels = 1
+    if hybrid:
+        check(num_sms <= _sizing.NUM_MAX_SMS, "v2_dispatch_hybrid_sms")
+        channels = num_sms * _sizing.num_channels_per_sm(
+            buffer.num_ranks, num_experts, hidden, x.element_size(), num_sf_packs, num_topk,
+            buffer.prefer_overlap_with_compute,
+        )
+        if cached:
+            per_channel = -(-num_max_tokens_per_rank // channels) if channels else 0
+            check(
+                tuple(handle.token_metadata_at_forward.shape)
+                == (channels, buffer.num_scaleout_ranks * per_channel + 1, 2 + 2 * num_topk),
+                "v2_dispatch_cached_hybrid_channels",
+            )
+    elif cached:  # a hybrid handle has a 4-D dst_buffer_slot_idx (get_shape<2> at buffer.hpp:873)
+        check(handle.token_metadata_at_forward is None, "v2_dispatch_cached_dst_slot_dim")
+    check(
+        _sizing.dispatch_buffer_size(
+            num_max_tokens_per_rank, hidden, num_sf_packs, num_topk, x.element_size(), buffer.num_scaleout_ranks,
+            buffer.num_scaleup_ranks, buffer._is_scaleup_nvlink, "v2_dispatch_hidden_tma",
+        )
+        <= buffer.num_bytes,
+        "v2_dispatch_buffer_size",
+    )
+    return channels, num_topk, num_local_experts
+
+
 class ElasticBuffer:
     """Pure-PyTorch model of ``deep_ep.ElasticBuffer`` (expert-parallel dispatch/combine only).
 
@@ -651,72 +743,11 @@ class ElasticBuffer:
         if cached and hybrid:
             check(handle.token_metadata_at_forward is not None, "v2_dispatch_cached_hybrid_field_745")
             check(handle.channel_linked_list is not None, "v2_dispatch_cached_hybrid_field_746")
-        check(x.dim() == 2, "v2_dispatch_x_dim")  # get_shape<2>(x)
-        num_tokens, hidden = x.shape
-        num_local_experts = num_experts // self.num_ranks
-        check(x.is_contiguous(), "v2_dispatch_x_cuda_contiguous")
-        check((hidden * x.element_size()) % 16 == 0, "v2_dispatch_hidden_bytes")
-        if _refusals.violated(num_tokens <= num_max_tokens_per_rank, "v2_dispatch_too_many_tokens"):
-            return _refusals.error("v2_dispatch_too_many_tokens")
-        num_sf_packs = 0
-        if sf is not None:
-            check(sf.dim() == 2, "v2_dispatch_sf_dim")
-            check(sf.shape[0] == num_tokens, "v2_dispatch_sf_rows")
-            check(sf.is_cuda or not x.is_cuda, "v2_dispatch_sf_cuda")
-            check(sf.element_size() == 4, "v2_dispatch_sf_elem_size")
-            num_sf_packs = sf.shape[1]
-        check(topk_idx.dim() == 2, "v2_dispatch_topk_dim")
-        num_topk = topk_idx.shape[1]
-        check(topk_idx.shape[0] == num_tokens, "v2_dispatch_topk_rows")
-        check(topk_idx.dtype == torch.int64, "v2_dispatch_topk_dtype")
-        check(topk_idx.is_contiguous(), "v2_dispatch_topk_cuda_contiguous")
-        if topk_weights is not None:
-            check(topk_weights.dim() == 2, "v2_dispatch_weights_dim")
-            check(topk_weights.shape[0] == num_tokens, "v2_dispatch_weights_rows")
-            check(topk_weights.is_contiguous(), "v2_dispatch_weights_cuda_contiguous")
-            _checks.expect_dtype(topk_weights, torch.float32, "v2_dispatch_weights_dtype")
-        if stats is not None:
-            check(stats.dim() == 1, "v2_dispatch_stats_dim")
-            check(stats.is_contiguous(), "v2_dispatch_stats_cuda_contiguous")
-            check(stats.shape[0] == num_local_experts, "v2_dispatch_stats_len")
-            _checks.expect_dtype(stats, torch.int32, "v2_dispatch_stats_dtype")
-        if previous_event is not None:  # stream_control_prologue (buffer.hpp:539-540)
-            check(allocate_on_comm_stream, "v2_dispatch_previous_event_without_comm_alloc")
-        check(num_experts % self.num_ranks == 0, "v2_dispatch_experts_not_divisible_explicit")
-        if cached:
-            check(handle.psum_num_recv_tokens_per_expert.shape[0] == num_local_experts, "v2_dispatch_cached_handle_809")
-            check(
-                handle.num_unaligned_recv_tokens_per_expert.shape[0] == num_local_experts,
-                "v2_dispatch_cached_handle_824",
-            )
-            check(
-                handle.psum_num_recv_tokens_per_scaleup_rank.shape[0] == self.num_scaleup_ranks,
-                "v2_dispatch_cached_handle_838",
-            )
-        channels = 1
-        if hybrid:
-            check(num_sms <= _sizing.NUM_MAX_SMS, "v2_dispatch_hybrid_sms")
-            channels = num_sms * _sizing.num_channels_per_sm(
-                self.num_ranks, num_experts, hidden, x.element_size(), num_sf_packs, num_topk,
-                self.prefer_overlap_with_compute,
-            )
-            if cached:
-                per_channel = -(-num_max_tokens_per_rank // channels) if channels else 0
-                check(
-                    tuple(handle.token_metadata_at_forward.shape)
-                    == (channels, self.num_scaleout_ranks * per_channel + 1, 2 + 2 * num_topk),
-                    "v2_dispatch_cached_hybrid_channels",
-                )
-        elif cached:  # a hybrid handle has a 4-D dst_buffer_slot_idx (get_shape<2> at buffer.hpp:873)
-            check(handle.token_metadata_at_forward is None, "v2_dispatch_cached_dst_slot_dim")
-        check(
-            _sizing.dispatch_buffer_size(
-                num_max_tokens_per_rank, hidden, num_sf_packs, num_topk, x.element_size(), self.num_scaleout_ranks,
-                self.num_scaleup_ranks, self._is_scaleup_nvlink, "v2_dispatch_hidden_tma",
-            )
-            <= self.num_bytes,
-            "v2_dispatch_buffer_size",
-        )
+        checked = dispatch_argument_checks(self, x, sf, topk_idx, topk_weights, stats, handle, num_max_tokens_per_rank,
+                                           num_experts, num_sms, previous_event, allocate_on_comm_stream)
+        if isinstance(checked, BaseException):
+            return checked
+        channels, num_topk, num_local_experts = checked
         check(num_experts <= _MAX_EXPERTS, "v2_dispatch_too_many_experts")  # WorkspaceLayout (layout.cuh:39-40)
         check(num_local_experts <= _MAX_EXPERTS_PER_RANK, "v2_dispatch_too_many_local_experts")
         check(num_sms <= _sizing.device_num_sms(), "v2_dispatch_num_sms_device")

@@ -361,8 +361,7 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None],
     result = {"jobs": done, "wall_s": round(time.monotonic() - started, 1), "side_by_side": min(len(slots), len(todo))}
     if result_note:
         result["ended_early"] = result_note[0]
-    if config.device == "cuda" and len(todo) == len(every) and all(
-            job.properties == whole.properties for job, whole in zip(todo, every, strict=True)):
+    if config.device == "cuda" and todo == every:
         try:
             cache_dir().mkdir(parents=True, exist_ok=True)
             (cache_dir() / MARKER).write_text(json.dumps({**marker_for(config), "jobs": done}, indent=1))

@@ -33,7 +33,6 @@ from __future__ import annotations
 import fnmatch
 import sys
 from dataclasses import dataclass, field
-from typing import Any
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,11 +68,6 @@ class Acceptance:
     def stale(self) -> list[Entry]:
         """Entries that matched no finding."""
         return [e for e in self.entries if not e.matched]
-
-    def as_json(self) -> dict[str, Any]:
-        """For the report: the file and each entry with what it matched."""
-        return {"file": self.path, "entries": [{"finding": e.finding, "why": e.why, "matched": list(e.matched)}
-                                               for e in self.entries]}
 
 
 def load_acceptance(path: str | None) -> Acceptance:
