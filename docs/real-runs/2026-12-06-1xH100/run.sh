@@ -19,7 +19,8 @@
 #               the real version), 10 examples, --baseline the catalog21 baseline: the bump explained
 #               ($OUT/catalog25/{conformance.json,conformance.md,bump.md,log.txt})
 #   p12-25      P12 alone on DeepEP 2.5.0 (real-v2, emulated-v2), 10 examples: the rerun after the fix of the suite's
-#               message comparison that failed P12 in run 26 (a path through a relative include, ffd8b9d)
+#               message comparison that failed P12 in run 26 (a path through a relative include, ffd8b9d); cold,
+#               its warm-up alone takes about 112 s (run 28a: stopped at 150 s), so T defaults to 270
 #   megatron25  megatron21's run on DeepEP 2.5.0 with --baseline its 2.1.0 report: the wrapper through the bump
 #   megatron-catalog21  the seed PR's Megatron, both paths beside real-v1 and real-v2, the whole catalog at 10 examples
 #               on 2.1.0 (issue 37's last bullet), on the kernel cache /tmp/jit-21 an earlier part of a warm machine left
@@ -106,7 +107,7 @@ for part in ${PARTS:?PARTS: the parts to run}; do
         --conformance-seed 2606 --allow-partial --baseline "$BASELINE21" ;;
     p12-25)
       use_25
-      run_pytest p12-25 "${T:-150}" --backends real-v2,emulated-v2 --max-examples 10 --conformance-seed 2606 \
+      run_pytest p12-25 "${T:-270}" --backends real-v2,emulated-v2 --max-examples 10 --conformance-seed 2606 \
         --allow-partial conformance/properties/test_p12_bad_input.py ;;
     megatron25)
       use_25; megatron_path
