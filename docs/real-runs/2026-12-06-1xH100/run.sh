@@ -13,8 +13,11 @@
 #   warm21      the same on the kernel cache catalog21 left (issue 37's warm figure; the machine kept warm)
 #   megatron21  the seed PR's Megatron, both paths beside real-v2, $MEG_FILES at 3 examples, on 2.1.0, writing the
 #               wrapper's baseline ($OUT/megatron/...)
-#   record25    fixtures/record.py on DeepEP 2.5.0: v2_contract and the V2 sections ($SECTIONS; the cases and the bad
-#               calls were recorded in run 25), its API surface ($OUT/record25/rec.tgz)
+#   record25    fixtures/record.py on DeepEP 2.5.0: the V2 sections, in worlds side by side, one per group of
+#               $UNIT_GROUPS (record_groups.sh: default "meta,v2_contract v2_dispatch_options v2_single_reduction,
+#               capture_build v2_fp8_dispatch integrator_calls,cuda_graphs"; run 25 recorded the cases and the bad
+#               calls), its API surface; T (default 220) stops every world, SECTION_TIMEOUT (150) one unit
+#               ($OUT/record25/rec.tgz, snapshotted every 15 s; $OUT/record25/summary.txt)
 #   catalog25   the whole catalog on DeepEP 2.5.0 (real-v1,real-v2,emulated-v1,emulated-v2; the emulated ones follow
 #               the real version), 10 examples, --baseline the catalog21 baseline: the bump explained
 #               ($OUT/catalog25/{conformance.json,conformance.md,bump.md,log.txt})
@@ -93,14 +96,10 @@ for part in ${PARTS:?PARTS: the parts to run}; do
       run_pytest megatron-catalog21 "${T:-540}" --backends megatron-fused-a2a-v1,megatron-fused-a2a-v2,real-v1,real-v2 \
         --deep-ep real --max-examples 10 --conformance-seed 2609 --allow-partial ;;
     record25)
-      use_25; mkdir -p "$OUT/record25"; rm -rf /tmp/rec25
-      python3 -c "import json; from conformance.core.api_surface import surface_of; print(json.dumps(surface_of('deep_ep'), indent=1))" \
-        > /tmp/rec25-api-surface.json
-      timeout -s TERM -k 30 "${T:-200}" python3 fixtures/record.py --out /tmp/rec25 --nproc 2 --rank-setup shared \
-        --section-timeout 100 --sections "${SECTIONS:-meta,v2_contract,v2_dispatch_options,v2_single_reduction,v2_fp8_dispatch,integrator_calls,cuda_graphs,capture_build}" \
-        2>&1 | tee /tmp/rec25-log.txt | tail -n 40
-      cp /tmp/rec25-api-surface.json /tmp/rec25-log.txt /tmp/rec25/ 2>/dev/null
-      tar czf "$OUT/record25/rec.tgz" -C /tmp rec25 ;;
+      use_25; mkdir -p "$OUT/record25"
+      DIR=/tmp/rec25 TGZ="$OUT/record25/rec.tgz" T="${T:-220}" SECTION_TIMEOUT="${SECTION_TIMEOUT:-150}" \
+        bash "$HERE/record_groups.sh" 2>&1
+      cp /tmp/rec25/summary.txt "$OUT/record25/" 2>/dev/null ;;
     catalog25)
       use_25
       run_pytest catalog25 "${T:-300}" --backends real-v1,real-v2,emulated-v1,emulated-v2 --max-examples 10 \
