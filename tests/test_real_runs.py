@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from conformance.harness.known_defects import load
 
@@ -316,3 +317,28 @@ def test_megatron_beside_both_raw_apis_over_the_whole_catalog_on_the_real_2_1_0(
     for prop in report["properties"]:
         for name in wrappers:
             assert not prop["verdicts"].get(name, {}).get("defects"), (prop["id"], name)
+
+
+def test_the_real_2_5_0_sections_of_run_29_are_the_recording_replayed() -> None:
+    """Run 29 (issue 36, one H100, the kit's real 2.5.0, cold, five worlds side by side): every V2 section recorded
+    on both ranks, none failed, in 44 s; what is merged into ``fixtures/deepep-real-2.5.0-2026-12-06`` came from the
+    files the log names (their SHA-256), and the API surface is run 25's."""
+    folder = RUNS / RUN_28 / "29-record25"
+    log = (folder / "log.txt").read_text()
+    assert "NVIDIA H100" in (folder / "gpu.txt").read_text() and "deep_ep 2.5.0" in log
+    assert "record_groups: 44 s" in log and log.count("record.py exit 0 at") == 5
+    sections = {"v2_contract", "v2_dispatch_options", "v2_single_reduction", "v2_fp8_dispatch", "integrator_calls",
+                "cuda_graphs", "capture_build"}
+    logs = (folder / "record-logs.txt").read_text()
+    fixture = ROOT / "fixtures" / "deepep-real-2.5.0-2026-12-06"
+    for rank in (0, 1):
+        rec = torch.load(fixture / f"rank{rank}.pt", weights_only=True)
+        assert set(rec["sections"]) == sections, set(rec["sections"])
+        assert all(rec["sections"][sid]["status"] == "ok" for sid in sections)
+        origin = rec["meta"]["recorder"]["sections_run29"]["sources"]
+        assert origin["g0"]["meta_unit"]["deep_ep"] == "2.5.0" and rec["meta"]["deep_ep"] == "2.5.0"
+        assert all(s["status"] == "ok" for o in origin.values() for s in o["units"].values())
+        for group, source in rec["meta"]["compact"]["sections_run29"].items():
+            assert f"--- rank{rank}.pt: {source['bytes']} bytes, sha256 {source['sha256']}" in logs, group
+    surface = json.loads((folder / "api-surface.json").read_text())
+    assert surface == json.loads((RUNS / "api-surface-real-2.5.0.json").read_text())["surface"]

@@ -38,8 +38,8 @@ def share_equal_tensors(value, seen: dict):
         return type(value)(share_equal_tensors(v, seen) for v in value)
     if isinstance(value, torch.Tensor) and value.is_contiguous() and value.storage_offset() == 0 and \
             value.untyped_storage().nbytes() == value.numel() * value.element_size():
-        key = (str(value.dtype), tuple(value.shape), tuple(value.stride()), value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
-               if value.numel() else b"")
+        raw = value.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes() if value.numel() else b""
+        key = (str(value.dtype), tuple(value.shape), tuple(value.stride()), raw)
         return seen.setdefault(key, value)
     return value
 
