@@ -295,3 +295,24 @@ def test_the_real_rename_is_a_rename_and_a_rerun_replaces_its_properties(tmp_pat
     rerun["environment"]["deep_ep"] = "2.1.0"
     path.write_text(json.dumps(rerun))
     assert main([str(REAL_2_1_0_COLD), str(REAL_2_5_0), "--rerun", str(path)]) == 2
+
+
+REAL_P12_RERUN_2_5_0 = ROOT / "docs" / "real-runs" / "2026-12-06-1xH100" / "28e-p12-25" / "conformance.json"
+
+
+def test_the_real_p12_rerun_turns_the_suites_finding_into_the_defect_still_there(tmp_path: Path,
+                                                                                  monkeypatch) -> None:
+    """Run 28e (P12 alone on the real 2.5.0, after ffd8b9d) as ``--rerun`` of run 26: ``P12-bad-input:real-v2`` is
+    no longer a finding (it was the suite's comparison), the cached-dispatch defect is still there, the bump still
+    fails the gate on its other findings (V1 removed, P22 lost, ...) and the document names the rerun; the kept
+    docs/bumps/2.1.0-to-2.5.0.md is exactly this output (regenerated from the repository's root)."""
+    monkeypatch.chdir(ROOT)
+    reports = [str(p.relative_to(ROOT)) for p in (REAL_2_1_0_COLD, REAL_2_5_0, REAL_P12_RERUN_2_5_0)]
+    out = tmp_path / "bump.md"
+    assert main([reports[0], reports[1], "--rerun", reports[2], "--out", str(out), "--gate"]) == 1
+    text = out.read_text()
+    assert f"Rerun: P12-bad-input from `{reports[2]}`" in text
+    assert "`P12-bad-input:real-v2`" not in text
+    assert "| P12-bad-input | real-v2 | known-defect | known-defect | still there: " \
+           "v2-cached-dispatch-without-num-experts |" in text
+    assert (ROOT / "docs" / "bumps" / "2.1.0-to-2.5.0.md").read_text() == text

@@ -11,8 +11,11 @@ tensor); the recorded errors are re-triggered; a Megatron-style integrator (``fu
 
 Every section ``fixtures/record.py`` records beyond the old format (FP8, worst-case, V2 options, low-latency, bad
 calls) has a test of its own per recorded version: where the version's recording holds it, it is replayed against the
-emulation; where it does not (the 2.5.0 recording has no sections), the test is SKIPPED with that reason and checks
-nothing.  Point ``DEEPEP_REAL_FIXTURES`` at another recording (``fixtures/deepep-real-<date>``) to replay it alone.
+emulation; where it does not, the test is SKIPPED with that reason and checks nothing.  The sections that build a V1
+``Buffer`` first (:data:`V1_SECTIONS`) have no test for a version without V1 (DeepEP 2.5.0 removed the legacy
+``Buffer``: all such a recording could hold is that lookup's error).  The 2.5.0 recording's V2 sections are run 29's
+(``docs/real-runs/README.md``).  Point ``DEEPEP_REAL_FIXTURES`` at another recording (``fixtures/deepep-real-<date>``)
+to replay it alone.
 
 The ranks are a :class:`conformance.world.World` (torchrun environment, gloo on CPU); all recordings share one world.
 """
@@ -27,6 +30,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from conformance import versions
 from conformance.world.launcher import World, WorldShape
 from tests import replay
 
@@ -40,6 +44,8 @@ TIMEOUT_S = 180
 _VERSIONS = [replay.recording_version(cases) for cases, _ in replay.fidelity_recordings()]
 RECORDINGS = {(v if _VERSIONS.count(v) == 1 else Path(cases).name): (cases, sections)
               for v, (cases, sections) in zip(_VERSIONS, replay.fidelity_recordings(), strict=True)}
+#: ``{label: the recorded DeepEP version}``.
+VERSION_OF = {label: v for label, v in zip(RECORDINGS, _VERSIONS, strict=True)}
 CASES = [(label, name) for label, (cases, _) in RECORDINGS.items() for name in replay.recorded_case_names(cases)]
 JOBS = [(f"{label}/case:{name}", "tests.replay:replay_recorded_case", (name,), {"fixtures_dir": RECORDINGS[label][0]})
         for label, name in CASES]
@@ -52,7 +58,21 @@ JOBS += [
     ("robustness", "tests.test_emulation_fidelity:bad_input_on_one_rank", (), {}),
 ]
 MULTI_NODE_JOBS = [("multinode", "tests.test_emulation_fidelity:two_node_round_trip", (), {})]
-SECTIONS = [(label, sid) for label in RECORDINGS for sid in replay.recorder_section_ids()]
+#: The recorder's sections that build a V1 ``Buffer`` before any other call (``fixtures/record.py``: the FP8 V1
+#: dispatch, the bad FP8 and low-latency calls, the low-latency mode).  On a DeepEP version without V1 (its contract
+#: names no V1 class: 2.5.0) the recorder records nothing of them but ``AttributeError: module 'deep_ep' has no
+#: attribute 'Buffer'``, so they are not replayed for its recording (checked by
+#: ``test_the_v1_sections_are_not_replayed_for_a_version_without_v1``).
+V1_SECTIONS = ("v1_fp8_dispatch", "errors_fp8_low_latency", "v1_low_latency")
+
+
+def has_v1(version: str) -> bool:
+    """Whether DeepEP ``version`` has the V1 API (its contract names a V1 class)."""
+    return versions.contract(version).class_name("v1") is not None
+
+
+SECTIONS = [(label, sid) for label in RECORDINGS for sid in replay.recorder_section_ids()
+            if sid not in V1_SECTIONS or has_v1(VERSION_OF[label])]
 #: Why a section is not replayed (no real recording of it, or one that holds an error); absent when it is.
 SECTION_SKIPS = {(label, sid): reason for label, sid in SECTIONS
                  if (reason := replay.recorded_section_status(sid, RECORDINGS[label][1]))}
@@ -270,13 +290,83 @@ def test_recorded_case_matches_byte_for_byte(world_results: list[dict], recordin
     _assert_clean(world_results, f"{recording}/case:{case}")
 
 
+def lookup_failed_inside_capture(recorded_run: dict, got_error: str) -> bool:
+    """Whether a recorded CUDA-graph run (kind ``graph``: ``capture_build``) says what a replay on the CPU that raised
+    ``got_error`` says.  On a GPU the recorder builds the buffer inside a capture, so the lookup of a class the
+    version lacks (2.5.0's ``deep_ep.Buffer``) raises there (``raised``; ``raised_first`` None: nothing before it;
+    ``built`` False) and again for the eager build after it (``eager_after.error``), the run itself holding no
+    ``error``; on a CPU there is no capture: the same lookup raises first and the run is that ``error``.  Equal only
+    where every one of those is the replay's error, word for word."""
+    return (recorded_run.get("kind") == "graph" and "error" not in recorded_run
+            and recorded_run.get("raised") == got_error and recorded_run.get("raised_first") is None
+            and recorded_run.get("built") is False and recorded_run.get("eager_after") == {"error": got_error})
+
+
+def without_cpu_capture_lookups(recording: str, section: str, rank: int, mismatches: dict[str, str]) -> dict[str, str]:
+    """``mismatches`` of one rank's replay of ``section`` without those :func:`lookup_failed_inside_capture` explains
+    (the replay runs on the CPU: a run ``<section>.<run>.error`` reported ``unexpected <error>``)."""
+    runs = replay.load_recording(rank, RECORDINGS[recording][1])["sections"][section]["runs"]
+    left = {}
+    for key, problem in mismatches.items():
+        run, _, field = key.removeprefix(f"{section}.").rpartition(".")
+        if not (field == "error" and problem.startswith("unexpected ") and run in runs
+                and lookup_failed_inside_capture(runs[run], problem.removeprefix("unexpected "))):
+            left[key] = problem
+    return left
+
+
 @pytest.mark.parametrize(("recording", "section"), SECTIONS, ids=[f"{label}-{sid}" for label, sid in SECTIONS])
 def test_recorded_section_matches(recording: str, section: str, request: pytest.FixtureRequest) -> None:
     """A section of ``fixtures/record.py``: replayed where the version's real recording has it, else skipped with the
-    reason."""
+    reason.  A lookup the recording shows failing inside a capture is compared with the replay's error
+    (:func:`lookup_failed_inside_capture`)."""
     if (recording, section) in SECTION_SKIPS:
         pytest.skip(SECTION_SKIPS[(recording, section)])
-    _assert_clean(request.getfixturevalue("world_results"), f"{recording}/section:{section}")
+    name = f"{recording}/section:{section}"
+    results = [{**by_name, name: {**by_name[name], "mismatches": without_cpu_capture_lookups(
+        recording, section, rank, by_name[name]["mismatches"])}} if "mismatches" in by_name[name] else by_name
+               for rank, by_name in enumerate(request.getfixturevalue("world_results"))]
+    _assert_clean(results, name)
+
+
+def test_a_lookup_inside_a_capture_equals_the_replays_error_only_word_for_word() -> None:
+    """The 2.5.0 recording's ``capture_build.v1_build_in_capture`` (run 29, on the GPU: ``Buffer`` looked up inside a
+    capture and after it) equals a CPU replay that raised the same ``AttributeError``; another error, or a recording
+    where the build succeeded or something raised before, is still a mismatch."""
+    if "2.5.0" not in RECORDINGS or "capture_build" in {s for label, s in SECTION_SKIPS if label == "2.5.0"}:
+        pytest.skip("DEEPEP_REAL_FIXTURES names one recording: the 2.5.0 recording is not replayed")
+    error = "AttributeError: module 'deep_ep' has no attribute 'Buffer'"
+    for rank in (0, 1):
+        run = replay.load_recording(rank, RECORDINGS["2.5.0"][1])["sections"]["capture_build"]["runs"][
+            "v1_build_in_capture"]
+        assert run["raised"] == error and run["eager_after"] == {"error": error} and run["built"] is False, run
+        assert lookup_failed_inside_capture(run, error)
+        assert not lookup_failed_inside_capture(run, "AttributeError: module 'deep_ep' has no attribute 'EPBuffer'")
+        assert not lookup_failed_inside_capture({**run, "built": True}, error)
+        assert not lookup_failed_inside_capture({**run, "raised_first": "RuntimeError: x"}, error)
+        assert not lookup_failed_inside_capture({**run, "eager_after": {"recv_rows": 36}}, error)
+        planted = {"capture_build.v1_build_in_capture.error": f"unexpected {error}",
+                   "capture_build.v2_build_in_capture.error": f"unexpected {error}",
+                   "capture_build.v1_build_in_capture.api": "got None, expected 'v1'"}
+        assert without_cpu_capture_lookups("2.5.0", "capture_build", rank, planted) == {
+            k: v for k, v in planted.items() if k != "capture_build.v1_build_in_capture.error"}
+
+
+def test_the_v1_sections_are_not_replayed_for_a_version_without_v1() -> None:
+    """2.5.0 has no V1 API: its recording has no test of :data:`V1_SECTIONS`, each of which fails at the ``Buffer``
+    lookup on 2.5.0's emulation before any other call (so nothing else of it could be recorded there); 2.1.0's has
+    them all."""
+    assert not has_v1("2.5.0") and has_v1("2.1.0")
+    recorder = replay.load_recorder()
+    for sid in V1_SECTIONS:
+        assert sid in recorder.SECTIONS
+        section = recorder.SECTIONS[sid]
+        ctx = recorder.Context(replay.emulation_of("2.5.0"), None, 0, WORLD_SIZE, torch.device("cpu"))
+        with pytest.raises(AttributeError, match="has no attribute 'Buffer'"):
+            section.run(ctx, recorder.section_inputs(section, 0))
+    for label, version in VERSION_OF.items():
+        replayed = {sid for other, sid in SECTIONS if other == label}
+        assert replayed == set(replay.recorder_section_ids()) - (set() if has_v1(version) else set(V1_SECTIONS))
 
 
 @pytest.mark.parametrize("recording", ERRORS)
