@@ -93,8 +93,12 @@ def installed_wheel(work: Path, root: Path) -> dict[str, str]:
         shutil.copy(root / name, source / name)
     shutil.copytree(root / "conformance", source / "conformance", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
 
+    # without this interpreter's PYTHONPATH: a checkout on it, installed in place (its *.egg-info), would make pip
+    # take the wheel's requirement as already satisfied and install nothing
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(list(args), cwd=work, capture_output=True, text=True, timeout=900)
+        return subprocess.run(list(args), cwd=work, capture_output=True, text=True, timeout=900, env=env)
 
     proc = run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"), "./src")
     if proc.returncode != 0:

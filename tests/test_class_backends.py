@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled fir
 
 V1 = "v1=tests.class_backends:CountingBuffer"
 V2 = "v2=tests.class_backends:CountingElasticBuffer"
-CHEAP = ["-p", "no:xdist", "--deep-ep", "emulation", "--device", "cpu", "--max-examples", "5",
+CHEAP = ["-p", "no:xdist", "--deep-ep", "emulation", "--device", "cpu", "--max-examples", "3",
          "--conformance-seed", "3"]
 PROPERTIES = ["conformance/properties/test_p01_payloads.py", "conformance/properties/test_p05_combine.py",
               "conformance/properties/test_p08_expand_layout.py", "conformance/properties/test_p11_qp_cap.py",

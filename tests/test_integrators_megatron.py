@@ -67,7 +67,7 @@ def test_megatron_fused_a2a_as_a_plugin_on_the_emulation(tmp_path: Path) -> None
     # the raw V1 beside the wrapper (a V1-contract plug-in is compared with it; docs/integrators.md's command adds
     # emulated-v2 for the user's own comparison, which this test does not read)
     proc, report = run_suite(["-p", "no:xdist", "--backends", f"emulated-v1,{PLAIN},{NAME}", "--deep-ep",
-                              "auto", "--device", "cpu", "--max-examples", "5", "--conformance-seed", "7"],
+                              "auto", "--device", "cpu", "--max-examples", "3", "--conformance-seed", "7"],
                              tmp_path / "reports", timeout=600, extra_path=path)
     assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]  # the plain wrapper's finding
     guard = "its guard 'from deep_ep.utils import EventHandle, EventOverlap' fails"

@@ -73,7 +73,7 @@ def both_paths(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> tupl
     def make(tmp: Path) -> dict:
         tmp.mkdir(parents=True, exist_ok=True)
         proc, report = run_suite(["-p", "no:xdist", "--nodes", "1", "--backends", BACKENDS, "--deep-ep", "emulation",
-                                  "--device", "cpu", "--max-examples", "5", "--conformance-seed", "7"],
+                                  "--device", "cpu", "--max-examples", "3", "--conformance-seed", "7"],
                                  tmp / "reports", timeout=900, extra_path=(seed_pr_megatron(), entry_points(tmp)))
         return {"proc": completed(proc), "report": report}
 

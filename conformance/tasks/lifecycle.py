@@ -8,12 +8,18 @@ process group, print :data:`DESTROYED` and return from ``main``, so that the int
 left (a wrapper's module-global buffer, say).  The rank waits for its children and returns each one's exit status,
 the signal that killed it, the markers it reached and the tail of its output.
 
-Run as ``python -m conformance.tasks.lifecycle`` (by :func:`exit_checks` only: the child reads its orders from
-stdin).
+The children of a rank are forked from one fresh interpreter per rank, its *zygote* (``python -m
+conformance.tasks.lifecycle --zygote``, started at the rank's first exit check, alive as long as the rank), which
+imported torch and the suite's modules and touched no device: each child is the fresh process a user's run is (it
+runs this module as ``__main__`` and ends through the interpreter's normal exit: module globals collected,
+``atexit``), without the 1.5-2 s of CPU that importing torch costs every fresh interpreter (P25 started about 90 of
+them in one self-test session).  The zygote forks, reports and kills children on the rank's requests
+(:class:`Zygote`); it ends, killing any child still alive, when the rank closes its requests or dies.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -74,33 +80,67 @@ def torch_gloo_exit_abort(result: dict[str, Any]) -> bool:
             and not any(word in tail for word in ("EPException", "CUDA", "deep_ep", "Assertion")))
 
 
-def _start(env: RankEnv, spec: Any, case: ExitCase, attempt: int) -> tuple[subprocess.Popen, Any]:
+class Zygote:
+    """The rank's side of its zygote (see the module docstring): requests and replies pickled over its stdin and
+    stdout, one at a time."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "conformance.tasks.lifecycle", ZYGOTE_FLAG],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=dict(os.environ))
+
+    def ask(self, *request: Any) -> Any:
+        try:
+            pickle.dump(request, self.proc.stdin)
+            self.proc.stdin.flush()
+            return pickle.load(self.proc.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError) as e:
+            raise RuntimeError(f"the exit checks' zygote process (pid {self.proc.pid}) is gone (exit status "
+                               f"{self.proc.poll()}): {type(e).__name__}: {e}") from e
+
+    def start(self, env: dict[str, str], orders: dict[str, Any], output: str) -> int:
+        """Fork a child with ``env`` that writes its output to the file ``output`` and runs ``orders``: its pid."""
+        return self.ask("start", env, orders, output)
+
+    def wait(self, pid: int, timeout_s: float) -> int | None:
+        """The child's exit status (negative: the signal that killed it), or None if it still runs after
+        ``timeout_s``."""
+        return self.ask("wait", pid, timeout_s)
+
+    def kill(self, pid: int) -> int:
+        """Kill the child; its exit status."""
+        return self.ask("kill", pid)
+
+
+#: The flag that makes ``python -m conformance.tasks.lifecycle`` a zygote.
+ZYGOTE_FLAG = "--zygote"
+_zygote: list[Zygote] = []
+
+
+def zygote() -> Zygote:
+    """This rank's zygote, started at its first use (one that died is started again)."""
+    if not _zygote or _zygote[0].proc.poll() is not None:
+        _zygote[:] = [Zygote()]
+    return _zygote[0]
+
+
+def _start(env: RankEnv, spec: Any, case: ExitCase, attempt: int) -> tuple[int, str]:
     child_env = dict(os.environ)
     # a fresh group per backend, task and attempt, in the world's rendezvous store (rank.py's _init_process_group)
     child_env["TORCHELASTIC_RUN_ID"] = f"{os.environ['TORCHELASTIC_RUN_ID']}/exit/{_runs[0]}/{spec.name}/{attempt}"
-    orders = tempfile.TemporaryFile()
-    pickle.dump({"spec": spec, "case": case, "mutant": env.settings.mutant, "timeout_s": CHILD_TIMEOUT_S}, orders)
-    orders.seek(0)
-    output = tempfile.TemporaryFile()  # a file, not a pipe: a child never blocks on a full pipe
-    child = subprocess.Popen([sys.executable, "-m", "conformance.tasks.lifecycle"], stdin=orders, stdout=output,
-                             stderr=subprocess.STDOUT, env=child_env)
-    orders.close()
-    return child, output
+    fd, output = tempfile.mkstemp(prefix="conformance-exit-check-")  # a file, not a pipe: never blocks a child
+    os.close(fd)
+    orders = {"spec": spec, "case": case, "mutant": env.settings.mutant, "timeout_s": CHILD_TIMEOUT_S}
+    return zygote().start(child_env, orders, output), output
 
 
-def _result(env: RankEnv, name: str, case: ExitCase, child: subprocess.Popen, output: Any, deadline: float
-            ) -> dict[str, Any]:
-    hung = False
-    try:
-        child.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        hung = True
-        child.kill()
-        child.wait()
-    output.seek(0)
-    text = output.read().decode(errors="replace")
-    output.close()
-    code = child.returncode
+def _result(env: RankEnv, name: str, case: ExitCase, pid: int, output: str, deadline: float) -> dict[str, Any]:
+    code = zygote().wait(pid, max(1.0, deadline - time.monotonic()))
+    hung = code is None
+    if hung:
+        code = zygote().kill(pid)
+    with open(output, "rb") as f:
+        text = f.read().decode(errors="replace")
+    os.unlink(output)
     return {
         "exit": code,
         "signal": signal.Signals(-code).name if code is not None and code < 0 and -code in
@@ -135,8 +175,8 @@ def exit_checks(env: RankEnv) -> dict[str, Any]:
     for attempt in range(1, ATTEMPTS + 1):
         children = {spec.name: _start(env, spec, case, attempt) for spec in pending}
         deadline = time.monotonic() + CHILD_TIMEOUT_S
-        for name, (child, output) in children.items():
-            result = _result(env, name, case, child, output, deadline)
+        for name, (pid, output) in children.items():
+            result = _result(env, name, case, pid, output, deadline)
             result["attempts"] = attempt
             out[name] = result
         again = [spec.name for spec in pending if torch_gloo_exit_abort(out[spec.name])]
@@ -151,9 +191,81 @@ def exit_checks(env: RankEnv) -> dict[str, Any]:
     return out
 
 
-def _child_main() -> None:
-    """One backend's life in a fresh process (the orders come pickled on stdin)."""
-    orders = pickle.load(sys.stdin.buffer)
+def _zygote_main() -> dict[str, Any]:
+    """The zygote's loop (see :class:`Zygote`): returns only in a child just forked, with its orders."""
+    # requests and replies on descriptors of their own: what an import prints goes to the rank's log, not the rank
+    requests, replies = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    import torch  # noqa: F401  (what every child imports: once, here; no device touched)
+    import torch.distributed  # noqa: F401
+
+    import conformance.backends.alias  # noqa: F401
+    import conformance.backends.factory  # noqa: F401
+    import conformance.mutants  # noqa: F401
+    from conformance.world.rank import die_with_parent
+
+    die_with_parent()
+    live: set[int] = set()
+
+    def reply(value: Any) -> None:
+        pickle.dump(value, replies)
+        replies.flush()
+
+    while True:
+        try:
+            request = pickle.load(requests)
+        except EOFError:  # the rank closed its end or died: no child outlives the zygote
+            for pid in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            os._exit(0)
+        if request[0] == "start":
+            _, env, orders, output = request
+            pid = os.fork()
+            if pid == 0:  # the child: its own output, the rank's environment, no requests
+                requests.close()
+                replies.close()
+                fd = os.open(output, os.O_WRONLY | os.O_TRUNC)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                os.close(fd)
+                os.environ.clear()
+                os.environ.update(env)
+                die_with_parent()
+                return orders
+            live.add(pid)
+            reply(pid)
+        elif request[0] == "wait":
+            _, pid, timeout_s = request
+            code = _exit_status(pid, timeout_s)
+            if code is not None:
+                live.discard(pid)
+            reply(code)
+        elif request[0] == "kill":
+            pid = request[1]
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            live.discard(pid)
+            reply(os.waitstatus_to_exitcode(status))
+
+
+def _exit_status(pid: int, timeout_s: float) -> int | None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.02)
+
+
+def _child_main(orders: dict[str, Any]) -> None:
+    """One backend's life in a fresh process (forked from the rank's zygote)."""
     spec, case = orders["spec"], orders["case"]
     import torch.distributed as dist
 
@@ -188,4 +300,4 @@ def _child_main() -> None:
 
 
 if __name__ == "__main__":
-    _child_main()
+    _child_main(_zygote_main() if sys.argv[1:] == [ZYGOTE_FLAG] else pickle.load(sys.stdin.buffer))
