@@ -316,3 +316,36 @@ def test_the_real_p12_rerun_turns_the_suites_finding_into_the_defect_still_there
     assert "| P12-bad-input | real-v2 | known-defect | known-defect | still there: " \
            "v2-cached-dispatch-without-num-experts |" in text
     assert (ROOT / "docs" / "bumps" / "2.1.0-to-2.5.0.md").read_text() == text
+
+
+REAL_MEGATRON_2_1_0 = ROOT / "docs" / "real-runs" / "2026-12-06-1xH100" / "28b-megatron21" / "conformance.json"
+REAL_MEGATRON_2_5_0 = ROOT / "docs" / "real-runs" / "2026-12-06-1xH100" / "28c-megatron25" / "conformance.json"
+
+
+def test_without_p14_the_gate_reads_the_suites_snapshots_of_the_two_versions(tmp_path: Path, monkeypatch) -> None:
+    """Runs 28b/28c (the seed PR's Megatron on the real 2.1.0 and 2.5.0, P14 in neither): the API table comes from
+    the suite's snapshots of the two versions the runs drove, so ``ElasticBuffer`` is renamed ``EPBuffer`` (with its
+    parameter changes), not removed; the wrappers' findings stay; docs/bumps/megatron-2.1.0-to-2.5.0.md is exactly
+    this output.  A run whose import probe disagrees with its version's snapshot (a fork that kept ``ElasticBuffer``
+    under the number 2.5.0) is compared by its probes instead."""
+    from conformance.reporting.gate import api_changes, load_report
+
+    monkeypatch.chdir(ROOT)
+    old_report, new_report = load_report(str(REAL_MEGATRON_2_1_0)), load_report(str(REAL_MEGATRON_2_5_0))
+    changes, source = api_changes(old_report, new_report)
+    assert source == "snapshots"
+    kinds = {c.where: c.kind for c in changes}
+    assert kinds["ElasticBuffer"] == "renamed-class" and kinds["Buffer"] == "removed-class", kinds
+    assert kinds["EPBuffer.__init__(num_cpu_bytes)"] == "removed-param", kinds
+    reports = [str(p.relative_to(ROOT)) for p in (REAL_MEGATRON_2_1_0, REAL_MEGATRON_2_5_0)]
+    out = tmp_path / "bump.md"
+    assert main([*reports, "--out", str(out), "--gate"]) == 1
+    text = out.read_text()
+    assert "From the suite's API snapshots of the two deep_ep versions the runs drove" in text
+    assert "| `ElasticBuffer` | `EPBuffer` | replace `deep_ep.ElasticBuffer` by `deep_ep.EPBuffer`" in text
+    assert "`wrapper:megatron-fused-a2a-v1`" in text and "`wrapper:megatron-fused-a2a-v2`" in text
+    assert (ROOT / "docs" / "bumps" / "megatron-2.1.0-to-2.5.0.md").read_text() == text
+    fork = copy.deepcopy(new_report)
+    fork["environment"]["probes"]["deep_ep"]["ElasticBuffer"] = True
+    changes, source = api_changes(old_report, fork)
+    assert source == "probes" and "ElasticBuffer" not in {c.where for c in changes}

@@ -187,10 +187,13 @@ def test_a_backend_whose_version_removed_its_api_is_api_removed_without_surfaces
     new["environment"] = {"deep_ep": "2.5.0", "backends": [
         {"name": "real-v1", "api": "Buffer", "real": True, "removed": "DeepEP 2.5.0 removed the legacy Buffer"},
         {"name": "real-v2", "api": "EPBuffer", "real": True}]}
-    (paragraph,) = compare(old, new)["regressions"]
+    paragraph, api = compare(old, new)["regressions"]
     assert paragraph.startswith("real-v1 (deep_ep.Buffer, the V1 contract): API removed in deep_ep 2.5.0. The 2 "
                                 "properties that held on it in the baseline (P1, P5) cannot run now")
     assert "(DeepEP 2.5.0 removed the legacy Buffer)" in paragraph
+    # the API itself from the suite's snapshots of the two versions (P14 ran in neither): renamed, not removed
+    assert api.startswith("the API (P14 did not run): the API surface of deep_ep 2.1.0 -> 2.5.0 (the suite's API "
+                          "snapshots) changed incompatibly") and "ElasticBuffer: renamed to 'EPBuffer'" in api, api
 
 
 def test_a_suite_error_fails_the_gate_and_cannot_be_accepted(tmp_path) -> None:

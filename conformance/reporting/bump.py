@@ -311,8 +311,11 @@ def markdown(bump: dict[str, Any]) -> str:
     if api["source"] == "none":
         lines.append("Not compared: neither report carries an API surface (P14 did not run) or an import probe.")
     else:
-        source = ("the two API surfaces P14 recorded" if api["source"] == "surfaces" else
-                  "the two runs' import probes only (P14 did not run in one of them: signatures not compared)")
+        source = {"surfaces": "the two API surfaces P14 recorded",
+                  "snapshots": "the suite's API snapshots of the two deep_ep versions the runs drove "
+                               "(`conformance/versions/<version>/api-surface.json`; P14 did not run in one of them)",
+                  }.get(api["source"], "the two runs' import probes only (P14 did not run in one of them: "
+                                       "signatures not compared)")
         rows = [r for r in api["migration"] if r["breaking"]]
         extra = [r for r in api["migration"] if not r["breaking"]]
         lines.append(f"From {source}." + ("" if rows else " No breaking change."))

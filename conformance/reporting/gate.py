@@ -261,12 +261,42 @@ def _probe_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, di
     return [(f"{label} (import probe)", _probe_surface(a[1]), _probe_surface(b[1]))]
 
 
+def _snapshot_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Without P14's surfaces: the suite's API snapshots (``conformance/versions/<version>/api-surface.json``, the
+    surface probed on that release) of the one deep_ep version each run drove, where the suite has both and each
+    agrees with its run's import probe (which classes import); otherwise none (a fork with a known version number
+    but other classes is compared by its probes)."""
+    from conformance import versions
+    from conformance.core.api_surface import load_snapshot
+
+    chosen = []
+    for doc, probed in zip((old, new), (p for pair in (_probe_pairs(old, new) or [(None, None, None)])
+                                        for p in pair[1:]), strict=True):
+        seen = {versions.base_version(str(v)) for v in versions_of(doc).values() if v}
+        if len(seen) != 1 or None in seen:
+            return []
+        (version,) = seen
+        try:
+            snapshot = load_snapshot(versions.contract(version).api_surface_path)
+        except (versions.UnknownVersion, OSError, ValueError):
+            return []
+        if probed is not None and {k: bool(v) for k, v in probed["probe"].items()} != {
+                k: bool(snapshot.get("probe", {}).get(k)) for k in probed["probe"]}:
+            return []
+        chosen.append((version, snapshot))
+    (was, a), (now, b) = chosen
+    return [(f"deep_ep {was} -> {now} (the suite's API snapshots)", a, b)]
+
+
 def api_changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[ApiChange], str]:
     """Every change of the API surface from the baseline to this run, each once (the modules it was seen in), and
-    where they come from (``surfaces``: P14's; ``probes``: the import probes only; ``none``)."""
+    where they come from (``surfaces``: P14's; ``snapshots``: the suite's snapshots of the two versions the runs
+    drove, where P14 did not run; ``probes``: the import probes only; ``none``)."""
     from conformance.core.api_surface import diff_surface
 
     pairs, source = _surface_pairs(old, new), "surfaces"
+    if not pairs:
+        pairs, source = _snapshot_pairs(old, new), "snapshots"
     if not pairs:
         pairs, source = _probe_pairs(old, new), "probes"
     if not pairs:
@@ -782,11 +812,14 @@ class Comparison:
                         breaking.setdefault(module, []).append(c)
             else:
                 for module in c.modules:
-                    self.additions.append(f"P14-api-surface: {module}: {c.where}: {c.detail}.")
+                    self.additions.append(f"{API_PROPERTY if self.api_source != 'snapshots' else 'the API'}: "
+                                          f"{module}: {c.where}: {c.detail}.")
+        # where P14 ran in neither report, the surfaces are the suite's snapshots of the versions the runs drove
+        label = "the API (P14 did not run)" if self.api_source == "snapshots" else API_PROPERTY
         for module, changes in breaking.items():
             listed = "; ".join(f"{c.where}: {c.detail}" for c in changes[:12])
             self.regressions.append(
-                f"P14-api-surface: the API surface of {module} changed incompatibly from the baseline "
+                f"{label}: the API surface of {module} changed incompatibly from the baseline "
                 f"({self.old_name}) to {self.new_name}, {len(changes)} breaking change(s): {listed}"
                 + (f"; and {len(changes) - 12} more" if len(changes) > 12 else "")
                 + ". Code written against the baseline's API no longer runs unchanged.")
