@@ -162,10 +162,26 @@ def results() -> dict[str, list[dict]]:
     out = {}
     for kind in sorted({world_of(r) for r in LIVE_ROWS}):
         names = [n for r in LIVE_ROWS if world_of(r) == kind for n in (r["id"], f"{r['id']}.ok")]
+        if kind == "2x2":  # and on a hybrid buffer the neighbours of the rows of any topology (test below)
+            names += [f"{r['id']}.ok" for r in ANY_TOPOLOGY_ROWS]
         with World(SHAPES[kind]) as world:
             out[kind] = world.run("tests.refusal_tasks:run_recipes", names, EXAMPLES[kind].to_json(), None, "2.5.0",
                                   timeout=TIMEOUT_S)
     return out
+
+
+#: Rows of any topology: P12 makes their calls on whatever world it runs on, a two-node (hybrid) one too.
+ANY_TOPOLOGY_ROWS = [r for r in LIVE_ROWS if r.get("topology", "any") == "any"]
+
+
+def test_the_neighbours_of_rows_of_any_topology_pass_on_a_hybrid_buffer_too(results) -> None:
+    """What ``--deep-ep emulation:2.5.0 --nodes 2`` showed: P12 failed emulated-v2 on the valid neighbour of
+    ``v2_combine_num_sms_device`` (``num_sms=132``, which a hybrid combine also wants to divide the dispatch's
+    channels: combine.hpp:50): a neighbour must be valid on every topology its row applies to."""
+    problems = [f"{r['id']} rank {rank}: neighbour {r['id']}.ok raised {per_rank[r['id'] + '.ok']}"
+                for r in ANY_TOPOLOGY_ROWS for rank, per_rank in enumerate(results["2x2"])
+                if per_rank[f"{r['id']}.ok"] != (None, None)]
+    assert ANY_TOPOLOGY_ROWS and not problems, f"{len(problems)} problem(s):\n" + "\n".join(problems)
 
 
 def test_recipes_raise_the_2_5_0_exception_and_neighbours_pass_on_every_rank(results) -> None:
