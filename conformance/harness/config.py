@@ -8,6 +8,9 @@ from conformance import versions
 from conformance.core.spec import BackendSpec
 from conformance.world.launcher import WorldShape
 
+#: Hypothesis examples per property when ``--max-examples`` is not given (the plug-in, the mutation runner).
+DEFAULT_MAX_EXAMPLES = 25
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -22,7 +25,7 @@ class RunConfig:
     rank_env: dict[str, str] = field(default_factory=dict)
     #: "isolated" or "recorder" (see ``world.launcher.World``).
     rank_setup: str = "isolated"
-    max_examples: int = 25
+    max_examples: int = DEFAULT_MAX_EXAMPLES
     #: ``--time-budget``: seconds each property keeps drawing rounds of ``max_examples`` new draws; 0 = off.
     time_budget_s: float = 0.0
     #: Soak mode (``--soak N``): repetitions of each soak example; 0 = off.

@@ -18,13 +18,6 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(cuda_device_count())]
 
 
-def worker_index() -> tuple[int, int]:
-    """(index, count) of this pytest-xdist worker; (0, 1) without xdist."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return int(worker.removeprefix("gw")), count
-
-
 def gpu_slice(gpus: list[str], index: int, world_size: int) -> tuple[str, ...]:
     """The GPUs of worker ``index`` when each worker needs ``world_size`` of them (may be short)."""
     return tuple(gpus[index * world_size : (index + 1) * world_size])

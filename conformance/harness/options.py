@@ -14,7 +14,8 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-DEFAULT_MAX_EXAMPLES = 25
+from conformance.harness.config import DEFAULT_MAX_EXAMPLES
+
 #: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
 GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 DEVICES = ("auto", "cpu", "cuda")

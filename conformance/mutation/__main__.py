@@ -18,8 +18,7 @@ import time
 from pathlib import Path
 
 from conformance.core.spec import parse_backends
-from conformance.harness.config import RunConfig
-from conformance.harness.options import DEFAULT_MAX_EXAMPLES
+from conformance.harness.config import DEFAULT_MAX_EXAMPLES, RunConfig
 from conformance.harness.session import Session
 from conformance.mutants import load_catalog as load_mutants
 from conformance.mutation.killmatrix import (
