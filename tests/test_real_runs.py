@@ -342,3 +342,19 @@ def test_the_real_2_5_0_sections_of_run_29_are_the_recording_replayed() -> None:
             assert f"--- rank{rank}.pt: {source['bytes']} bytes, sha256 {source['sha256']}" in logs, group
     surface = json.loads((folder / "api-surface.json").read_text())
     assert surface == json.loads((RUNS / "api-surface-real-2.5.0.json").read_text())["surface"]
+
+
+def test_p25_children_forked_from_a_zygote_exit_cleanly_on_the_real_library() -> None:
+    """Run 30 (issue 34, one H100, the kit's real 2.1.0): with P25's children forked from a zygote per rank (a
+    process that imported torch and touched no device), each child initialises CUDA, builds, dispatches, combines,
+    destroys and exits: P25 held on both real backends, as with fresh interpreters before (runs 24a, 27a)."""
+    report = _report(f"{RUN_28}/30-p25-zygote/conformance.json")
+    backends = {b["name"]: b for b in report["environment"]["backends"]}
+    assert {name: b["real"] for name, b in backends.items()} == {"real-v1": True, "real-v2": True}
+    assert report["environment"]["deep_ep"] == "2.1.0"
+    p25 = _property(report, "P25-clean-exit")
+    assert p25["status"] == "passed", p25["status"]
+    for backend in ("real-v1", "real-v2"):
+        verdict = p25["verdicts"][backend]
+        assert verdict["status"] == "passed" and (verdict["held"], verdict["checked"]) == (2, 2), verdict
+    assert "NVIDIA H100" in (RUNS / RUN_28 / "30-p25-zygote" / "gpu.txt").read_text()
