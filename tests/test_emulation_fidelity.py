@@ -290,66 +290,37 @@ def test_recorded_case_matches_byte_for_byte(world_results: list[dict], recordin
     _assert_clean(world_results, f"{recording}/case:{case}")
 
 
-def lookup_failed_inside_capture(recorded_run: dict, got_error: str) -> bool:
-    """Whether a recorded CUDA-graph run (kind ``graph``: ``capture_build``) says what a replay on the CPU that raised
-    ``got_error`` says.  On a GPU the recorder builds the buffer inside a capture, so the lookup of a class the
-    version lacks (2.5.0's ``deep_ep.Buffer``) raises there (``raised``; ``raised_first`` None: nothing before it;
-    ``built`` False) and again for the eager build after it (``eager_after.error``), the run itself holding no
-    ``error``; on a CPU there is no capture: the same lookup raises first and the run is that ``error``.  Equal only
-    where every one of those is the replay's error, word for word."""
-    return (recorded_run.get("kind") == "graph" and "error" not in recorded_run
-            and recorded_run.get("raised") == got_error and recorded_run.get("raised_first") is None
-            and recorded_run.get("built") is False and recorded_run.get("eager_after") == {"error": got_error})
-
-
-def without_cpu_capture_lookups(recording: str, section: str, rank: int, mismatches: dict[str, str]) -> dict[str, str]:
-    """``mismatches`` of one rank's replay of ``section`` without those :func:`lookup_failed_inside_capture` explains
-    (the replay runs on the CPU: a run ``<section>.<run>.error`` reported ``unexpected <error>``)."""
-    runs = replay.load_recording(rank, RECORDINGS[recording][1])["sections"][section]["runs"]
-    left = {}
-    for key, problem in mismatches.items():
-        run, _, field = key.removeprefix(f"{section}.").rpartition(".")
-        if not (field == "error" and problem.startswith("unexpected ") and run in runs
-                and lookup_failed_inside_capture(runs[run], problem.removeprefix("unexpected "))):
-            left[key] = problem
-    return left
-
-
 @pytest.mark.parametrize(("recording", "section"), SECTIONS, ids=[f"{label}-{sid}" for label, sid in SECTIONS])
 def test_recorded_section_matches(recording: str, section: str, request: pytest.FixtureRequest) -> None:
     """A section of ``fixtures/record.py``: replayed where the version's real recording has it, else skipped with the
-    reason.  A lookup the recording shows failing inside a capture is compared with the replay's error
-    (:func:`lookup_failed_inside_capture`)."""
+    reason."""
     if (recording, section) in SECTION_SKIPS:
         pytest.skip(SECTION_SKIPS[(recording, section)])
-    name = f"{recording}/section:{section}"
-    results = [{**by_name, name: {**by_name[name], "mismatches": without_cpu_capture_lookups(
-        recording, section, rank, by_name[name]["mismatches"])}} if "mismatches" in by_name[name] else by_name
-               for rank, by_name in enumerate(request.getfixturevalue("world_results"))]
-    _assert_clean(results, name)
+    _assert_clean(request.getfixturevalue("world_results"), f"{recording}/section:{section}")
 
 
 def test_a_lookup_inside_a_capture_equals_the_replays_error_only_word_for_word() -> None:
     """The 2.5.0 recording's ``capture_build.v1_build_in_capture`` (run 29, on the GPU: ``Buffer`` looked up inside a
-    capture and after it) equals a CPU replay that raised the same ``AttributeError``; another error, or a recording
-    where the build succeeded or something raised before, is still a mismatch."""
+    capture and after it) equals a CPU replay that raised the same ``AttributeError`` (``replay.compare_run``:
+    :func:`tests.replay.lookup_failed_inside_capture`); another error, or a recording where the build succeeded or
+    something raised before, is still a mismatch."""
     if "2.5.0" not in RECORDINGS or "capture_build" in {s for label, s in SECTION_SKIPS if label == "2.5.0"}:
         pytest.skip("DEEPEP_REAL_FIXTURES names one recording: the 2.5.0 recording is not replayed")
     error = "AttributeError: module 'deep_ep' has no attribute 'Buffer'"
+
+    def mismatches(got_error: str, recorded: dict) -> dict:
+        return replay.compare_section({"runs": {"v1_build_in_capture": {"error": got_error}}},
+                                      {"runs": {"v1_build_in_capture": recorded}}, "capture_build")
+
     for rank in (0, 1):
         run = replay.load_recording(rank, RECORDINGS["2.5.0"][1])["sections"]["capture_build"]["runs"][
             "v1_build_in_capture"]
         assert run["raised"] == error and run["eager_after"] == {"error": error} and run["built"] is False, run
-        assert lookup_failed_inside_capture(run, error)
-        assert not lookup_failed_inside_capture(run, "AttributeError: module 'deep_ep' has no attribute 'EPBuffer'")
-        assert not lookup_failed_inside_capture({**run, "built": True}, error)
-        assert not lookup_failed_inside_capture({**run, "raised_first": "RuntimeError: x"}, error)
-        assert not lookup_failed_inside_capture({**run, "eager_after": {"recv_rows": 36}}, error)
-        planted = {"capture_build.v1_build_in_capture.error": f"unexpected {error}",
-                   "capture_build.v2_build_in_capture.error": f"unexpected {error}",
-                   "capture_build.v1_build_in_capture.api": "got None, expected 'v1'"}
-        assert without_cpu_capture_lookups("2.5.0", "capture_build", rank, planted) == {
-            k: v for k, v in planted.items() if k != "capture_build.v1_build_in_capture.error"}
+        assert mismatches(error, run) == {}
+        for got, recorded in ((error.replace("'Buffer'", "'EPBuffer'"), run), (error, {**run, "built": True}),
+                              (error, {**run, "raised_first": "RuntimeError: x"}),
+                              (error, {**run, "eager_after": {"recv_rows": 36}})):
+            assert mismatches(got, recorded), (got, recorded)
 
 
 def test_the_v1_sections_are_not_replayed_for_a_version_without_v1() -> None:
