@@ -269,9 +269,9 @@ def _snapshot_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str,
     from conformance import versions
     from conformance.core.api_surface import load_snapshot
 
+    probes = _probe_pairs(old, new)
     chosen = []
-    for doc, probed in zip((old, new), (p for pair in (_probe_pairs(old, new) or [(None, None, None)])
-                                        for p in pair[1:]), strict=True):
+    for doc, probed in zip((old, new), probes[0][1:] if probes else (None, None), strict=True):
         seen = {versions.base_version(str(v)) for v in versions_of(doc).values() if v}
         if len(seen) != 1 or None in seen:
             return []
@@ -803,6 +803,8 @@ class Comparison:
             self.defects.append(row)
 
     def _compare_surfaces(self) -> None:
+        # where P14 ran in neither report, the surfaces are the suite's snapshots of the versions the runs drove
+        label = "the API (P14 did not run)" if self.api_source == "snapshots" else API_PROPERTY
         breaking: dict[str, list[ApiChange]] = {}
         for c in self.api:
             if c.breaking:
@@ -812,10 +814,7 @@ class Comparison:
                         breaking.setdefault(module, []).append(c)
             else:
                 for module in c.modules:
-                    self.additions.append(f"{API_PROPERTY if self.api_source != 'snapshots' else 'the API'}: "
-                                          f"{module}: {c.where}: {c.detail}.")
-        # where P14 ran in neither report, the surfaces are the suite's snapshots of the versions the runs drove
-        label = "the API (P14 did not run)" if self.api_source == "snapshots" else API_PROPERTY
+                    self.additions.append(f"{label}: {module}: {c.where}: {c.detail}.")
         for module, changes in breaking.items():
             listed = "; ".join(f"{c.where}: {c.detail}" for c in changes[:12])
             self.regressions.append(
