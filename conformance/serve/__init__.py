@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from conformance.world.protocol import CALL_SLOT_BYTES, OFFSET_BYTES, LaunchSpec, call_file, local_address, recv, send
-from conformance.world.rank import STACK_DUMP_SIGNAL, rank_entry
+from conformance.world.rank import STACK_DUMP_SIGNAL, child_exit_status, rank_entry
 
 #: The elastic agent's monitor never acts in a world's lifetime: a rank that dies is the controller's to report
 #: (with its exit status, read here) and the world is retired as a whole; the agent must not restart or reap.
@@ -112,7 +112,7 @@ def inspect(ranks: list[tuple[int, str, bool]]) -> list[dict[str, Any]]:
     if dumped:
         time.sleep(1.0)
     # a stuck rank (its stacks asked for) is not waited for to exit: it hung (2 s each made every hang cost 4-5 s more)
-    return [{"exit": _exit_status(pid, 0.0 if dump else 2.0), **_call_and_log(path)} for pid, path, dump in ranks]
+    return [{"exit": child_exit_status(pid, 0.0 if dump else 2.0), **_call_and_log(path)} for pid, path, dump in ranks]
 
 
 def _is_child(pid: int) -> bool:
@@ -121,21 +121,6 @@ def _is_child(pid: int) -> bool:
             return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
     except (OSError, ValueError, IndexError):
         return False
-
-
-def _exit_status(pid: int, wait_s: float = 2.0) -> int | None:
-    """The exit code of child ``pid`` (negative: killed by that signal), or None while it runs."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            done, status = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
 
 
 def _call_and_log(path: str) -> dict[str, str]:

@@ -205,7 +205,7 @@ def _zygote_main() -> dict[str, Any]:
     import conformance.backends.alias  # noqa: F401
     import conformance.backends.factory  # noqa: F401
     import conformance.mutants  # noqa: F401
-    from conformance.world.rank import die_with_parent
+    from conformance.world.rank import child_exit_status, die_with_parent
 
     die_with_parent()
     live: set[int] = set()
@@ -240,7 +240,7 @@ def _zygote_main() -> dict[str, Any]:
             reply(pid)
         elif request[0] == "wait":
             _, pid, timeout_s = request
-            code = _exit_status(pid, timeout_s)
+            code = child_exit_status(pid, timeout_s)
             if code is not None:
                 live.discard(pid)
             reply(code)
@@ -251,17 +251,6 @@ def _zygote_main() -> dict[str, Any]:
             _, status = os.waitpid(pid, 0)
             live.discard(pid)
             reply(os.waitstatus_to_exitcode(status))
-
-
-def _exit_status(pid: int, timeout_s: float) -> int | None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.02)
 
 
 def _child_main(orders: dict[str, Any]) -> None:

@@ -245,6 +245,22 @@ def current_call(name: str) -> Iterator[None]:
         _write_call(_calls[-1] if _calls else "")
 
 
+def child_exit_status(pid: int, wait_s: float = 2.0) -> int | None:
+    """The exit code of child ``pid`` (negative: killed by that signal), or None while it runs after ``wait_s``
+    (the node agent's ranks, the exit checks' children of a zygote)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return None
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 def die_with_parent() -> None:
     """Be killed when the process that started this one dies (Linux PDEATHSIG; a no-op elsewhere)."""
     try:
