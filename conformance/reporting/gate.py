@@ -267,7 +267,6 @@ def _snapshot_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str,
     agrees with its run's import probe (which classes import); otherwise none (a fork with a known version number
     but other classes is compared by its probes)."""
     from conformance import versions
-    from conformance.core.api_surface import load_snapshot
 
     probes = _probe_pairs(old, new)
     chosen = []
@@ -277,7 +276,7 @@ def _snapshot_pairs(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str,
             return []
         (version,) = seen
         try:
-            snapshot = load_snapshot(versions.contract(version).api_surface_path)
+            snapshot = versions.contract(version).api_surface()
         except (versions.UnknownVersion, OSError, ValueError):
             return []
         if probed is not None and {k: bool(v) for k, v in probed["probe"].items()} != {
@@ -324,10 +323,9 @@ def _with_not_covered(surface: dict[str, Any]) -> dict[str, Any]:
     if surface.get("not_covered") is not None:
         return surface
     from conformance import versions
-    from conformance.core.api_surface import load_snapshot
 
     try:
-        snapshot = load_snapshot(versions.contract(versions.base_version(str(surface.get("version")))).api_surface_path)
+        snapshot = versions.contract(versions.base_version(str(surface.get("version")))).api_surface()
     except Exception:  # a version the suite has no data for: compared on every method
         return surface
     return {**surface, "not_covered": snapshot.get("not_covered", {})}
