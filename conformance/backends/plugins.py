@@ -543,14 +543,17 @@ def probe_class(target: str, api: str, deep_ep: str | None = None) -> dict[str, 
 
 def probe_in_subprocess(target: str, deep_ep: str | None = None, timeout_s: float = 180.0,
                         api: str | None = None, mutant: str | None = None) -> dict[str, Any]:
-    """:func:`probe` (or, with ``api``, :func:`probe_class`) in a fresh interpreter (an import that crashes or hangs
-    cannot take the caller with it)."""
+    """:func:`probe` (or, with ``api``, :func:`probe_class`) in an interpreter of its own (an import that crashes or
+    hangs cannot take the caller with it), forked from the controller's fork server
+    (:mod:`conformance.serve.forkserver`: torch imported, ``deep_ep`` not)."""
     import subprocess
 
-    args = ([sys.executable, "-m", "conformance.backends.plugins"] + (["--class", api] if api else [])
-            + (["--mutant", mutant] if mutant and not api else []) + [target] + ([deep_ep] if deep_ep else []))
+    from conformance.serve.forkserver import run_module
+
+    args = ((["--class", api] if api else []) + (["--mutant", mutant] if mutant and not api else []) + [target]
+            + ([deep_ep] if deep_ep else []))
     try:
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        proc = run_module("conformance.backends.plugins", args, timeout_s=timeout_s)
     except subprocess.TimeoutExpired:
         return {"target": target, "importable": False, "error": f"import did not finish in {timeout_s:.0f} s"}
     lines = proc.stdout.strip().splitlines()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
+from conformance.serve import forkserver
 from conformance.world import protocol
 from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankTimeout, WorldError
 
@@ -75,7 +76,7 @@ class _Node:
     conn: Connection
     host: str
     address: str
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen | forkserver.Forked | None = None
 
     @property
     def where(self) -> str:
@@ -139,7 +140,7 @@ class World:
     _arrivals: Any = field(default=None, repr=False)
     _own_log_dir: bool = field(default=False, repr=False)
     #: This host's node-agent processes and how many nodes each serves.
-    _local: list[tuple[subprocess.Popen, int]] = field(default_factory=list, repr=False)
+    _local: list[tuple[subprocess.Popen | forkserver.Forked, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if self.rank_setup not in ("isolated", "recorder", "shared"):
@@ -278,15 +279,18 @@ class World:
             return
         arrivals.put((role, conn, peer, hello))
 
-    def _spawn_nodes(self, control: tuple[str, int], nodes: int) -> subprocess.Popen:
+    def _spawn_nodes(self, control: tuple[str, int], nodes: int) -> subprocess.Popen | forkserver.Forked:
         env = dict(os.environ, **{protocol.TOKEN_ENV: self.token.hex(), "OMP_NUM_THREADS": "1"})
-        return subprocess.Popen(
-            [sys.executable, "-m", "conformance.serve", "--local", "--nodes", str(nodes),
-             "--control", f"{control[0]}:{control[1]}",
-             "--log-dir", self.log_dir, "--host-name", socket.gethostname()],
-            # its own session: a Ctrl-C in the terminal is the controller's to handle (it ends the generation);
-            # the node agent dies with the controller all the same (PDEATHSIG)
-            env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        args = ["--local", "--nodes", str(nodes), "--control", f"{control[0]}:{control[1]}",
+                "--log-dir", self.log_dir, "--host-name", socket.gethostname()]
+        # its own session: a Ctrl-C in the terminal is the controller's to handle (it ends the generation); the node
+        # agent dies with the controller all the same (PDEATHSIG).  On CPU it is forked from the controller's fork
+        # server (torch loaded once per controller, not once per world); a GPU world's agent spawns its ranks from
+        # a fresh interpreter (START_METHODS), so it is one too.
+        if start_method(self.device) == "fork" and forkserver.enabled():
+            return forkserver.Forked("conformance.serve", args, env=env, new_session=True)
+        return subprocess.Popen([sys.executable, "-m", "conformance.serve", *args],
+                                env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _next_arrival(self, deadline: float, waiting_for: str) -> tuple:
         remaining = deadline - time.monotonic()
@@ -296,7 +300,7 @@ class World:
             raise WorldError(f"the world of {self.shape.size} ranks failed to start: timed out waiting for "
                              f"{waiting_for}" + (f"; refused: {self.refused[-3:]}" if self.refused else "")) from None
 
-    def _gather_nodes(self, spec: protocol.LaunchSpec, local: list[subprocess.Popen]) -> None:
+    def _gather_nodes(self, spec: protocol.LaunchSpec, local: list[subprocess.Popen | forkserver.Forked]) -> None:
         deadline = time.monotonic() + (self.node_wait_s if self.remote_nodes else self.start_timeout_s)
         by_pid = {p.pid: p for p in local}
         while len(self._nodes) < self.shape.nodes:
