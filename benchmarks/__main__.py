@@ -275,7 +275,25 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
             "rank_profile": _timed("rank profiles read", rank_profile_shares, profile_dir) if profile else
             {"skipped": "the ranks were not profiled (--profile-ranks)"},
             "per_property_wall_s": {p["id"]: p["wall_s"] for p in ran},
+            # with -n K the properties run side by side: their walls add up to more than the run's
+            "property_wall_sum_s": round(sum(p["wall_s"] for p in ran), 1), "xdist_workers": _workers(args),
+            "warm_up_made_by": (jit.get("warm_up") or {}).get("made_by"),
             "command": "pytest " + " ".join(args)}
+
+
+def _workers(args: list[str]) -> str | int:
+    """The ``-n`` of pytest arguments (``1``: none; ``auto`` as given: the report's header says how many started)."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg in ("-n", "--numprocesses") and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--numprocesses="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("-n") and not arg.startswith("--") and len(arg) > 2:
+            value = arg[2:]
+    if value is None:
+        return 1
+    return int(value) if value.isdigit() else value
 
 
 def _timed(what: str, fn: Callable[..., Any], *args: Any) -> Any:

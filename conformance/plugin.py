@@ -85,8 +85,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """With GPUs, ``-n auto`` starts only as many workers as there are disjoint GPU slices (xdist asks before
-    ``pytest_configure``, so this hook lives here)."""
+    """With GPUs, ``-n auto`` starts only as many workers as there are disjoint GPU slices; with ``--rank-setup
+    shared`` (every world on the first GPU) ``devices.shared_gpu_workers()`` of them: min(4, cores // 4).  (xdist asks
+    before ``pytest_configure``, so this hook lives here.)"""
     if not selected(config) or config.option.device == "cpu":
         return None
     from conformance.harness.options import option_values
@@ -94,9 +95,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     values = option_values(config.option)
     if values["device"] == "cpu":
         return None
-    from conformance.harness.devices import visible_gpus
+    from conformance.harness.devices import shared_gpu_workers, visible_gpus
 
     gpus = len(visible_gpus())
+    if values["rank_setup"] == "shared":
+        return shared_gpu_workers() if gpus else None
     world = values["nodes"] * values["ranks_per_node"]
     return max(1, gpus // world) if gpus >= world else None
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
-from conformance.harness.devices import gpu_slice, max_gpu_workers, visible_gpus
-from conformance.harness.options import GPU_RANK_ENV
+from conformance.harness.devices import gpu_slice, max_gpu_workers, shared_gpu_workers, visible_gpus
+from conformance.harness.options import GPU_RANK_ENV, Machine, SetupError, build_run_config
 from conformance.world.launcher import World, WorldShape
 from tests.conftest import ROOT
 
@@ -28,6 +29,65 @@ def test_max_workers_follow_visible_gpus(monkeypatch) -> None:
     assert max_gpu_workers(2) == 4 and max_gpu_workers(4) == 2 and max_gpu_workers(8) == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     assert max_gpu_workers(2) == 1
+
+
+def _shared(**values: object) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rank_setup="shared", device="cuda", **values)
+
+
+ONE_GPU = Machine(("3",), {"importable": True, "version": "2.1.0", "Buffer": True, "ElasticBuffer": True})
+
+
+def test_shared_rank_setup_runs_every_xdist_worker_world_on_the_first_gpu(monkeypatch) -> None:
+    """``--rank-setup shared -n K``: every worker's world of two ranks on the first visible GPU (here "3", as
+    CUDA_VISIBLE_DEVICES=3 gives it), the header saying so; still one node only, and V2 still needs
+    NCCL_MULTI_RANK_GPU_ENABLE=1.  Without ``shared`` one GPU per rank per worker is still required."""
+    monkeypatch.setenv("NCCL_MULTI_RANK_GPU_ENABLE", "1")
+    configs = [build_run_config(_shared(backends="real-v1,real-v2,emulated-v1,emulated-v2"), ONE_GPU,
+                                worker=worker, workers=4) for worker in range(4)]
+    assert [c.gpu_ids for c in configs] == [("3",)] * 4 and {c.device for c in configs} == {"cuda"}
+    assert all(c.rank_setup == "shared" for c in configs)
+    assert "--rank-setup shared with 4 xdist workers: 4 worlds of 2 ranks side by side on GPU 3" in configs[0].notes
+    alone = build_run_config(_shared(backends="real-v1"), ONE_GPU)  # no -n: one world, no such note
+    assert alone.gpu_ids == ("3",) and not any("xdist workers" in note for note in alone.notes)
+    with pytest.raises(SetupError, match=r"--rank-setup shared: the ranks share one GPU of one host: use --nodes 1 "
+                                         r"\(for several worlds side by side on that GPU, -n K"):
+        build_run_config(_shared(backends="real-v1", nodes=2), ONE_GPU, workers=2)
+    monkeypatch.delenv("NCCL_MULTI_RANK_GPU_ENABLE")
+    with pytest.raises(SetupError, match="ElasticBuffer builds an NCCL communicator, which refuses two ranks on one "
+                                         "GPU; select V1 backends only"):
+        build_run_config(_shared(backends="real-v1,real-v2"), ONE_GPU, worker=1, workers=2)
+    v1 = build_run_config(_shared(backends="real-v1,emulated-v1"), ONE_GPU, worker=1, workers=2)
+    assert v1.gpu_ids == ("3",)
+    with pytest.raises(SetupError, match=r"one GPU per rank is needed, 4 in all \(1 node\(s\) x 2 rank\(s\) x 2 "
+                                         r"xdist workers\), but 1 is visible"):
+        build_run_config(SimpleNamespace(device="cuda", backends="real-v1"), ONE_GPU, workers=2)
+
+
+def test_auto_workers_with_a_shared_gpu_follow_the_cores(monkeypatch) -> None:
+    """``-n auto --rank-setup shared``: min(4, cores // 4) worlds on the one GPU (16 cores: 4), at least one; without
+    a visible GPU xdist's own default; the isolated set-ups as before (one worker per GPU slice)."""
+    from conformance import plugin
+
+    assert [shared_gpu_workers(cores) for cores in (1, 2, 4, 8, 12, 16, 64)] == [1, 1, 1, 2, 3, 4, 4]
+
+    def auto(**given: object) -> int | None:
+        option = SimpleNamespace(**{o.dest: None for o in plugin.OPTIONS}, conformance=False, allow_partial=False)
+        for name, value in given.items():
+            setattr(option, name, value)
+        return plugin.pytest_xdist_auto_num_workers(SimpleNamespace(option=option, args=[]))
+
+    monkeypatch.setattr("conformance.harness.devices.cpu_cores", lambda: 16)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert auto(rank_setup="shared") == 4 and auto(rank_setup="shared", device="cuda") == 4
+    assert auto(rank_setup="shared", device="cpu") is None
+    assert auto(nodes=1) is None  # one GPU, two ranks per world: no full slice
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    assert auto(nodes=1) == 2 and auto(rank_setup="shared") == 4
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert auto(rank_setup="shared") is None
 
 
 def test_pytest_process_never_initialises_cuda() -> None:

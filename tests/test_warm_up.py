@@ -151,3 +151,54 @@ def test_a_run_of_some_properties_warms_up_for_those_only() -> None:
     p1 = jit.for_selected(every, frozenset({"P1-per-expert-payloads", "P14-api-surface"}))
     assert len(p1) == len(named("jit").shapes) and all(job.properties == ("P1-per-expert-payloads",) for job in p1)
     assert jit.for_selected(every, frozenset({"P14-api-surface"})) == []
+
+
+def _worker_warms_up(report_dir: str, key: str, who: str, out) -> None:
+    """(a forked stand-in xdist worker) its call of ``warm_up_once``; the stand-in warm-up (patched before the fork)
+    appends a line per making to ``made.txt``."""
+    lines: list[str] = []
+    out.put((who, jit.warm_up_once(None, report_dir, lines.append, None, key=key, who=who), lines))
+
+
+def test_xdist_workers_make_one_warm_up_for_the_run(tmp_path, monkeypatch) -> None:
+    """With ``-n K`` (several worlds sharing one GPU, ``--rank-setup shared``) every worker reaches the warm-up: one of
+    them makes it, the others wait for it and say whose it was; the controller's report reads what it did.  A later
+    run in the same report folder (another key) makes its own, once the controller forgot the earlier one."""
+    import multiprocessing
+
+    made = tmp_path / "made.txt"
+
+    def stand_in(config, report_dir, progress, selected=None):
+        with open(made, "a") as f:
+            f.write("made\n")
+        import time
+
+        time.sleep(1.0)  # the others arrive while it is being made
+        return {"jobs": [{"job": "stand-in"}], "wall_s": 1.0, "side_by_side": 1}
+
+    monkeypatch.setattr(jit, "warm_up", stand_in)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    workers = [context.Process(target=_worker_warms_up, args=(str(tmp_path), "run1", f"gw{i}", out))
+               for i in range(3)]
+    for w in workers:
+        w.start()
+    results = {}
+    for _ in workers:
+        who, result, lines = out.get(timeout=60)
+        results[who] = (result, lines)
+    for w in workers:
+        w.join(timeout=30)
+    assert made.read_text().count("made") == 1, results
+    makers = [who for who, (result, _) in results.items() if "jobs" in result]
+    assert len(makers) == 1 and results[makers[0]][0]["made_by"] == makers[0], results
+    for who, (result, lines) in results.items():
+        if who != makers[0]:
+            assert result["made_by"] == makers[0] and result["waited_s"] > 0, result
+            assert lines == [f"conformance: JIT warm-up made by {makers[0]} for every worker ({who} waited "
+                             f"{result['waited_s']:.0f} s)"], lines
+    assert jit.shared_warm_up(str(tmp_path), "run1") == results[makers[0]][0]
+    jit.forget_shared_warm_ups(str(tmp_path))
+    assert jit.shared_warm_up(str(tmp_path), "run1") is None
+    again = jit.warm_up_once(None, str(tmp_path), [].append, None, key="run2", who="gw1")
+    assert again["made_by"] == "gw1" and made.read_text().count("made") == 2

@@ -1,4 +1,5 @@
-"""GPU partitioning: each xdist worker owns a disjoint slice of the parent's GPUs, one GPU per rank.
+"""GPU partitioning: each xdist worker owns a disjoint slice of the parent's GPUs, one GPU per rank; with
+``--rank-setup shared`` every worker's world shares the first visible GPU instead (:func:`shared_gpu_workers`).
 
 Nothing here creates a CUDA context (the pytest processes never initialise CUDA).
 """
@@ -26,3 +27,26 @@ def gpu_slice(gpus: list[str], index: int, world_size: int) -> tuple[str, ...]:
 def max_gpu_workers(world_size: int) -> int:
     """How many workers the visible GPUs can serve without oversubscription (at least 1)."""
     return max(1, len(visible_gpus()) // world_size)
+
+
+#: ``-n auto`` with ``--rank-setup shared``: at most this many worlds side by side on the one GPU (the kernels of
+#: worlds sharing a GPU are time-sliced: more worlds add little once the GPU is busy) ...
+SHARED_MAX_WORKERS = 4
+#: ... and one per this many CPU cores: a world of two ranks keeps about four processes busy (its pytest worker,
+#: its node agent, the two ranks; the warm-up's compiles come on top).
+CORES_PER_SHARED_WORLD = 4
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (its affinity where the platform says, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def shared_gpu_workers(cores: int | None = None) -> int:
+    """How many xdist workers ``-n auto`` starts when every world shares one GPU (``--rank-setup shared``):
+    ``min(SHARED_MAX_WORKERS, cores // CORES_PER_SHARED_WORLD)``, at least 1 (16 cores: 4 worlds)."""
+    cores = cpu_cores() if cores is None else cores
+    return max(1, min(SHARED_MAX_WORKERS, cores // CORES_PER_SHARED_WORLD))

@@ -17,11 +17,17 @@ run checks every property again); a warm-up run that fails only costs compiles l
 output, :func:`log_tail`, in its entry and the progress line).  A run stops at its limit, or once the compile log has
 been quiet a while (:data:`QUIET_S`): what is left then is examples, not compiles.  A run that fails before any kernel
 compiled ends the warm-up (the other runs would fail the same way: a library whose API the properties cannot drive).
+
+**With xdist** (``-n K``, e.g. several worlds sharing one GPU: ``--rank-setup shared``) the warm-up is made once for
+the run, by the first worker to reach it (:func:`warm_up_once`: a lock in the report folder); the others wait for it
+(their properties would compile the same kernels meanwhile, each worker on its own) and the controller's report
+carries what it did (:func:`shared_warm_up`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import subprocess
@@ -368,3 +374,59 @@ def warm_up(config: Any, report_dir: str, progress: Callable[[str], None],
         except OSError:
             pass
     return result
+
+
+#: The xdist workers' warm-up (:func:`warm_up_once`): in ``<report dir>/warm-up/``, the lock the workers take and what
+#: the one that made it did (``result-<run key>.json``).
+SHARED_LOCK = ".lock"
+SHARED_RESULT = "result-{key}.json"
+
+
+def _shared_folder(report_dir: str) -> str:
+    return os.path.join(os.path.abspath(report_dir), "warm-up")
+
+
+def warm_up_once(config: Any, report_dir: str, progress: Callable[[str], None], selected: frozenset[str] | None,
+                 *, key: str, who: str) -> dict[str, Any]:
+    """(an xdist worker) The run's warm-up (:func:`warm_up`), made once for all its workers: the first worker to take
+    the lock makes it and leaves what it did under the run's ``key``; the others wait for the lock (their properties
+    would otherwise compile the same kernels at the same time, each on its own) and return where it was made and how
+    long they waited.  A worker that dies while making it leaves no result: the next one to take the lock makes it."""
+    folder = _shared_folder(report_dir)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, SHARED_RESULT.format(key=key))
+    began = time.monotonic()
+    with open(os.path.join(folder, SHARED_LOCK), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process ends)
+        try:
+            made = json.loads(Path(path).read_text())
+        except (OSError, ValueError):
+            made = None
+        if made is not None:
+            waited = round(time.monotonic() - began, 1)
+            progress(f"conformance: JIT warm-up made by {made.get('made_by')} for every worker ({who} waited "
+                     f"{waited:.0f} s)")
+            return {"made_by": made.get("made_by"), "waited_s": waited}
+        result = {**warm_up(config, report_dir, progress, selected), "made_by": who}
+        with open(path + ".tmp", "w") as f:
+            json.dump(result, f)
+        os.replace(path + ".tmp", path)
+        return result
+
+
+def shared_warm_up(report_dir: str, key: str) -> dict[str, Any] | None:
+    """(the xdist controller) What the run's one warm-up did (:func:`warm_up_once`), or ``None``: none was made."""
+    try:
+        return json.loads(Path(_shared_folder(report_dir), SHARED_RESULT.format(key=key)).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def forget_shared_warm_ups(report_dir: str) -> None:
+    """(a run's controller, at its start) Remove what earlier runs' warm-ups left in the report folder's
+    ``warm-up/result-*.json``."""
+    for stale in Path(_shared_folder(report_dir)).glob(SHARED_RESULT.format(key="*")):
+        try:
+            stale.unlink()
+        except OSError:
+            pass

@@ -53,7 +53,8 @@ OPTIONS: tuple[Option, ...] = (
            "recorder (every rank sees its node's GPUs and calls set_device(LOCAL_RANK); buffers on "
            "dist.new_group(list(range(world))), the set-up fixtures/deepep-real was recorded with), or shared "
            "(every rank on one GPU, time-sliced, over a gloo group, for a machine with fewer GPUs than ranks: "
-           "V1's intranode path; V2 too where NCCL_MULTI_RANK_GPU_ENABLE=1 is set) (default isolated)", str, "isolated",
+           "V1's intranode path; V2 too where NCCL_MULTI_RANK_GPU_ENABLE=1 is set; one node; with -n K every "
+           "worker's world on that GPU, -n auto: min(4, cores // 4) worlds) (default isolated)", str, "isolated",
            "SETUP", RANK_SETUPS),
     Option("--report-dir", "where reports (conformance.json/.md/.html, junit.xml) and the stored counterexamples "
            "(hypothesis/, replayed first by the next run) go (default reports)", str, "reports", "DIR"),
@@ -338,8 +339,9 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
     real_asked = real_asked or deep_ep == "real"
     shared = v["rank_setup"] == "shared"
     if shared:
-        if shape.nodes != 1 or workers > 1:
-            raise SetupError("--rank-setup shared: the ranks share one GPU of one host: use --nodes 1 and no -n")
+        if shape.nodes != 1:
+            raise SetupError("--rank-setup shared: the ranks share one GPU of one host: use --nodes 1 (for several "
+                             "worlds side by side on that GPU, -n K: each xdist worker's world shares it)")
         v2 = [s.name for s in (named or []) if s.api == "v2"]
         if (named is None or v2) and os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE") != "1":
             raise SetupError("--rank-setup shared: ElasticBuffer builds an NCCL communicator, which refuses two ranks "
@@ -407,7 +409,15 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             load(known_defects)
         except ValueError as exc:
             raise SetupError(str(exc)) from None
-    gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size]) if device == "cuda" else ()
+    if device != "cuda":
+        gpu_ids: tuple[str, ...] = ()
+    elif shared:  # every worker's world on the first visible GPU (devices.shared_gpu_workers: how many for -n auto)
+        gpu_ids = tuple(gpus[:1])
+        if workers > 1:
+            notes.append(f"--rank-setup shared with {workers} xdist workers: {workers} worlds of {shape.size} ranks "
+                         f"side by side on GPU {gpus[0]}")
+    else:
+        gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size])
     rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
     # resolved here; the ranks never see "auto" (nor an inherited value)
     rank_env[DEEP_EP_ENV] = (f"emulation:{emulation_version}" if deep_ep == "emulation" else deep_ep) or ""

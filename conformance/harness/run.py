@@ -87,6 +87,10 @@ class ConformanceRun:
         self.report_dir = values["report_dir"]
         self.write_baseline = values["write_baseline"]
         self.worker_id = workerinput.get("workerid", "gw0") if workerinput is not None else "main"
+        #: This run's name among the runs of its report folder: the xdist workers' one shared JIT warm-up is kept
+        #: under it (``jit.warm_up_once``).
+        self.run_key = (workerinput[WORKER_INPUT].get("run_key") if workerinput is not None
+                        else f"{os.getpid()}-{time.time_ns()}")
         self.progress_dir = os.path.join(os.path.abspath(self.report_dir), ".progress")
         self._last_progress = (0.0, 0)
         self.done = 0
@@ -96,6 +100,9 @@ class ConformanceRun:
                     os.remove(os.path.join(self.progress_dir, stale))
                 except OSError:
                     pass
+            from conformance.harness.jit import forget_shared_warm_ups
+
+            forget_shared_warm_ups(self.report_dir)  # what earlier runs' workers left (jit.warm_up_once)
             if not config.option.xmlpath and not config.option.collectonly:
                 config.option.xmlpath = os.path.join(self.report_dir, "junit.xml")
         self._install_sigterm()
@@ -156,6 +163,7 @@ class ConformanceRun:
             "deep_ep_probe": run.deep_ep_probe,
             "gpus": list(_gpus_for_workers(run)),
             "workers": getattr(self.config.option, "numprocesses", 1) or 1,
+            "run_key": self.run_key,  # the workers' one JIT warm-up is this run's (jit.warm_up_once)
         }
 
     # ------------------------------------------------------------------------------------------ header
@@ -183,10 +191,14 @@ class ConformanceRun:
         session = self.session
         session.on_progress = self._progress
         if self.run.warm_up and self.warm_up is None:
-            from conformance.harness.jit import warm_up
+            from conformance.harness.jit import warm_up, warm_up_once
 
-            self.warm_up = warm_up(self.run, self.report_dir, lambda line: self._write_progress(line, live=True),
-                                   selected)
+            progress = lambda line: self._write_progress(line, live=True)  # noqa: E731
+            if self.is_worker:  # one warm-up for all the workers: the first makes it, the others wait for it
+                self.warm_up = warm_up_once(self.run, self.report_dir, progress, selected, key=self.run_key,
+                                            who=self.worker_id)
+            else:
+                self.warm_up = warm_up(self.run, self.report_dir, progress, selected)
         try:
             yield session
         finally:
@@ -323,6 +335,10 @@ class ConformanceRun:
             return None
         wall = time.monotonic() - self.started
         out = summary(log, time.time() - wall, wall)
+        if self.warm_up is None:  # with xdist: the warm-up one worker made for all
+            from conformance.harness.jit import shared_warm_up
+
+            self.warm_up = shared_warm_up(self.report_dir, self.run_key)
         out["warm_up"] = self.warm_up
         return out
 
