@@ -203,3 +203,47 @@ def test_the_property_import_rule_sees_planted_imports(tmp_path: Path) -> None:
                        "from conformance.checks.round_trip import check\n")
     found = property_import_offenders({"conformance.properties.test_p99_planted": planted})
     assert len(found) == 2 and "test_p06_round_trip" in found[1] and "_refusals" in found[0], found
+
+
+#: The separators of a pair column and of a call id (conformance/core/ids.py builds and reads both).
+ID_SEPARATORS = (" vs ", "|")
+ID_MODULE = "conformance.core.ids"
+
+
+def id_string_offenders(source: str, where: str) -> list[str]:
+    """Each place in ``source`` that builds or reads a pair column or a call id by hand: a split, partition or
+    ``in`` test on a separator, a join with the pair separator, or an f-string that is just ``{a} vs {b}`` or
+    ``{a}|{b}``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        line = f"{where}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            args = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if node.func.attr in ("split", "rsplit", "partition", "rpartition") and set(args) & set(ID_SEPARATORS):
+                found.append(f"{line}: .{node.func.attr}({args[0]!r})")
+            receiver = node.func.value
+            if node.func.attr == "join" and isinstance(receiver, ast.Constant) and receiver.value == " vs ":
+                found.append(f"{line}: ' vs '.join")
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and \
+                node.left.value in ID_SEPARATORS and all(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+            found.append(f"{line}: {node.left.value!r} in ...")
+        elif isinstance(node, ast.JoinedStr) and len(node.values) == 3 and \
+                isinstance(node.values[1], ast.Constant) and node.values[1].value in ID_SEPARATORS and \
+                all(isinstance(v, ast.FormattedValue) for v in (node.values[0], node.values[2])):
+            found.append(f"{line}: f'{{...}}{node.values[1].value}{{...}}'")
+    return found
+
+
+def test_pair_columns_and_call_ids_are_built_and_read_in_one_module() -> None:
+    """Typed ids: a pair column is ``conformance.core.ids.Pair``, a call id ``CallId``; no other module splits,
+    joins or formats them by hand (they are strings only in the tally, the report and the messages)."""
+    offenders = [o for module, path in MODULES.items() if module != ID_MODULE
+                 for o in id_string_offenders(path.read_text(), module)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_id_rule_sees_planted_hand_made_ids() -> None:
+    planted = ('a, b = column.split(" vs ")\nbackend = call.partition("|")[0]\nif " vs " in name: pass\n'
+               'name = f"{a} vs {b}"\ncall = f"{backend}|{op}"\ncol = " vs ".join(w)\n'
+               'fine = f"{got} vs {want} [{call}]"\ntext = text.replace("|", "-")\n')
+    assert len(id_string_offenders(planted, "planted")) == 6, id_string_offenders(planted, "planted")

@@ -28,6 +28,7 @@ import inspect
 from types import ModuleType
 from typing import Any
 
+from conformance.core.ids import CallId
 from conformance.world.rank import current_call
 
 #: The classes traced, with the API each belongs to (``None``: shared by both APIs, or built by the library itself;
@@ -76,7 +77,7 @@ def _given(value: Any, default: Any) -> bool:
 
 
 def _traced_function(function: Any, name: str, bound: bool, named: bool) -> Any:
-    impl, _, method = name.partition("|")
+    impl, method = CallId.parse(name) or (name, "")
     positional, defaults, var = _parameters(function, bound)
     skip = 1 if bound else 0
 
@@ -139,7 +140,7 @@ def trace_classes(module: ModuleType, impl: str) -> None:
             if owner is object:
                 continue
             value = vars(owner)[attr]
-            name = f"{backend}|{class_name}.{attr}"
+            name = str(CallId(backend, f"{class_name}.{attr}"))
             if isinstance(value, staticmethod | classmethod):
                 if not hasattr(value.__func__, TARGET):
                     wrapped = _traced_function(value.__func__, name, isinstance(value, classmethod), api is not None)

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 
+from conformance.core.ids import is_pair, members
 from conformance.core.raisers import SuiteError
 from conformance.harness.faults import AllHung, BudgetExhausted, KnownDefectStop, describe_cause
 from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
@@ -175,7 +176,7 @@ def judge_the_others(session: Any, prop: Property, failure: BaseException, redra
     left_out: set[str] = set(session.left_out)
     try:
         while True:
-            failed = {name for name, column in tally.columns.items() if " vs " not in name and column.failed}
+            failed = {name for name, column in tally.columns.items() if not is_pair(name) and column.failed}
             new = failed - left_out
             names = session.settings_for(prop).names
             others = [name for name in names if name not in failed | left_out]
@@ -183,7 +184,7 @@ def judge_the_others(session: Any, prop: Property, failure: BaseException, redra
                 return
             left_out |= new
             for name in list(tally.columns):  # the others' verdicts: from the draws of the next pass alone
-                if not set(name.split(" vs ")) & left_out:
+                if not set(members(name)) & left_out:
                     del tally.columns[name]
             with session.leaving_out(left_out):
                 try:

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from conformance.core.ids import CallId
 from conformance.world.errors import RankCrashed, RankFailure, RankTimeout, describe_call
 
 #: Seconds of crashed or hung examples one property may spend before it stops.
@@ -39,7 +40,8 @@ RUN_BUDGET_FACTOR = 4
 def cause_of(failure: RankFailure, backend: str | None = None) -> dict[str, Any]:
     """A JSON-able description of a rank failure: kind, signal, the library call, the backend, one line."""
     call = failure.culprit_call() or ""
-    call_backend, _, call_name = call.partition("|") if "|" in call else ("", "", call)
+    parsed = CallId.parse(call)
+    call_backend, call_name = (parsed.backend, parsed.operation) if parsed else ("", call)
     kind = "crash" if isinstance(failure, RankCrashed) else "hang" if isinstance(failure, RankTimeout) else "error"
     signal = next((failure.signals[r] for r in failure.culprits if r in failure.signals), None)
     said = [line.strip() for r in failure.culprits[:1] for line in failure.per_rank.get(r, "").splitlines()

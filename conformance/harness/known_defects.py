@@ -25,6 +25,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from conformance import versions
+from conformance.core.ids import members
 
 FIELDS = {"id", "property", "backend", "condition", "message", "reproduction", "wrong", "seen", "exercised",
           "why_not_exercised"}
@@ -56,7 +57,7 @@ class KnownDefect:
 
     def covers_column(self, column: str) -> bool:
         """Whether a failure charged to ``column`` (a backend or ``"a vs b"``) is on this entry's backend."""
-        mine, theirs = self.backend.split(" vs "), column.split(" vs ")
+        mine, theirs = members(self.backend), members(column)
         if len(mine) != len(theirs):
             return False
         return all(want == got or want == got.rsplit("-", 1)[-1] for want, got in zip(mine, theirs, strict=True))

@@ -15,6 +15,7 @@ from hypothesis.errors import HypothesisException
 from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
+from conformance.core.ids import backend_of
 from conformance.core.raisers import SuiteError
 from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
@@ -392,7 +393,7 @@ class Session:
         """The backend of ``names`` whose calls hung (``hang`` names it), now left out of the property's later
         examples and charged one world restart (:class:`~conformance.harness.faults.HungBackend`); ``None`` where
         hangs are not contained (:attr:`contain_hangs`) or the hang is no one backend's (then it is raised)."""
-        backend = hang.backend or (hang.culprit_call() or "").partition("|")[0]
+        backend = hang.backend or backend_of(hang.culprit_call())
         if not self.contain_hangs or backend not in names:
             return None
         cause = {**cause_of(hang, backend), "contained": True}  # (the report: no budget was spent on it)
@@ -416,7 +417,7 @@ class Session:
         """Who a failure is charged to: a rank failure to the backend whose library call it was in, a failed
         check to the backend or pair being checked (else every backend checked)."""
         if isinstance(failure, RankFailure):
-            backend = failure.backend or (failure.culprit_call() or "").partition("|")[0]
+            backend = failure.backend or backend_of(failure.culprit_call())
             if backend in backends:
                 return (backend,)
         several = getattr(failure, "failed_columns", None)  # a check that judged every column before raising

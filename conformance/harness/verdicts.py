@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from conformance.core.ids import Pair, members
+
 #: Column verdicts, worst first (``not-checked`` is not a verdict on anything).
 VERDICTS = ("suite-error", "failed", "known-defect", "divergence", "unsupported", "passed")
 #: The verdict of a column whose check the suite's own code broke (``conformance.core.raisers``).
@@ -32,7 +34,7 @@ NOT_CHECKED = "not-checked"
 
 def pair_name(first: str, other: str) -> str:
     """The column of a compared pair of backends."""
-    return f"{first} vs {other}"
+    return str(Pair(first, other))
 
 
 def pairs_of(backends: tuple[str, ...] | list[str]) -> list[str]:
@@ -184,7 +186,7 @@ class Tally:
     # ---------------------------------------------------------------------------------------- helpers
     def _count_completed(self, blame: tuple[str, ...]) -> None:
         for name in self.completed:  # (a pair with a failed member is not counted as held: it compared nothing)
-            if name not in blame and name not in self.excluded and not set(name.split(" vs ")) & set(blame):
+            if name not in blame and name not in self.excluded and not set(members(name)) & set(blame):
                 column = self.column(name)
                 column.checked += 1
                 column.held += 1

@@ -66,6 +66,7 @@ from conformance.assertions import (
 )
 from conformance.core.cases import SequenceCase
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload, upstream_combined_grad
+from conformance.core.ids import column_of
 from conformance.core.raisers import SuiteError
 from conformance.core.spec import is_builtin_name
 from conformance.core.views import Raised, Unsupported
@@ -291,7 +292,7 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
                     f"backend side by side:\n{listing}",) + failure.args[1:]
     if isinstance(failure, SuiteError):
         raise failure
-    columns = {" vs ".join(w): str(f) for w, f in failures if isinstance(f, AssertionError)}
+    columns = {column_of(tuple(w)): str(f) for w, f in failures if isinstance(f, AssertionError)}
     if any(name not in broken and not all(isinstance(ranks[name], Unsupported) for ranks in per_rank)
            for name in backends):  # others go on
         raise BackendsFailed(failure, columns, broken)  # type: ignore[arg-type]

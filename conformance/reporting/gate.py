@@ -31,6 +31,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from conformance.core.ids import Pair, is_pair, members
 from conformance.reporting.accept import Acceptance
 from conformance.reporting.schema import contract_of, upgrade
 
@@ -188,11 +189,9 @@ def match_backends(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, 
 
 def map_column(column: str, mapping: dict[str, str]) -> str | None:
     """A column of the baseline (a backend or ``a vs b``) under ``mapping`` (``None``: a backend is unmatched)."""
-    if " vs " in column:
-        a, b = column.split(" vs ", 1)
-        if a in mapping and b in mapping:
-            return f"{mapping[a]} vs {mapping[b]}"
-        return None
+    pair = Pair.parse(column)
+    if pair:
+        return str(Pair(mapping[pair.first], mapping[pair.other])) if set(pair) <= set(mapping) else None
     return mapping.get(column)
 
 
@@ -202,9 +201,9 @@ def _lookup(cols: dict[str, Any], column: str | None) -> tuple[str | None, dict[
         return None, None
     if column in cols:
         return column, cols[column]
-    if " vs " in column:
-        a, b = column.split(" vs ", 1)
-        swapped = f"{b} vs {a}"
+    pair = Pair.parse(column)
+    if pair:
+        swapped = str(Pair(pair.other, pair.first))
         if swapped in cols:
             return swapped, cols[swapped]
     return column, None
@@ -559,7 +558,7 @@ class Comparison:
                 self.regressions.append(summary)
 
     def _is_collapsed(self, column: str) -> bool:
-        return any(name in self.collapsed for name in column.split(" vs "))
+        return any(name in self.collapsed for name in members(column))
 
     def _compare_properties(self) -> None:
         before, now = _by_id(self.old), _by_id(self.new)
@@ -682,7 +681,7 @@ class Comparison:
                     now: dict[str, Any]) -> None:
         """A row of "per property and backend, before and now" (backends only: pairs are said in the findings)."""
         column = new_column or old_column or ""
-        if " vs " in column:
+        if is_pair(column):
             return
         before = (was or {}).get("status")
         after = now.get("status")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from conformance.core.ids import Pair, is_pair
+
 #: Property statuses (report schema 3).
 STATUSES = ("passed", "failed", "suite-error", "known-defect", "skipped", "divergence", "unsupported", "not-run")
 
@@ -17,7 +19,7 @@ def columns_of(document: dict[str, Any]) -> list[str]:
         for name in p.get("verdicts", {}):
             if name not in names:
                 names.append(name)
-    return [n for n in names if " vs " not in n] + [n for n in names if " vs " in n]
+    return [n for n in names if not is_pair(n)] + [n for n in names if is_pair(n)]
 
 
 def cell(p: dict[str, Any], column: str) -> tuple[str, str]:
@@ -68,17 +70,15 @@ def short_backend(name: str) -> str:
 
 def short_column(name: str) -> str:
     """``emulated-v1 vs emulated-v2`` -> ``emu1~emu2``; ``emulated-v2`` -> ``emulated-v2``."""
-    if " vs " in name:
-        a, b = name.split(" vs ")
-        return f"{short_backend(a)}~{short_backend(b)}"
-    return name
+    pair = Pair.parse(name)
+    return f"{short_backend(pair.first)}~{short_backend(pair.other)}" if pair else name
 
 
 def pair_legend(columns: list[str]) -> str:
     """``emu1 = emulated-v1, ...``: the short names the pair columns use."""
     names = []
     for column in columns:
-        for name in column.split(" vs ") if " vs " in column else ():
+        for name in Pair.parse(column) or ():
             if name not in names:
                 names.append(name)
     return ", ".join(f"{short_backend(n)} = {n}" for n in names)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.core.api_coverage import per_property_calls, report_section
-from conformance.core.ids import sort_key
+from conformance.core.ids import is_pair, sort_key
 from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
 from conformance.reporting.accept import Acceptance
@@ -143,7 +143,7 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
     status = property_status(report.failed, report.skipped, recorded)
     verdicts = recorded.get("verdicts", {})
     if report.failed:
-        verdicts = _failed_columns(verdicts, recorded, [b for b in verdicts if " vs " not in b]
+        verdicts = _failed_columns(verdicts, recorded, [b for b in verdicts if not is_pair(b)]
                                    or [b.name for b in config.backends])
     entry = PropertyEntry(
         id=recorded["id"],

@@ -17,6 +17,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from conformance.core.ids import is_pair
+
 SCHEMA = 4
 
 
@@ -46,7 +48,7 @@ def upgrade(document: dict[str, Any]) -> dict[str, Any]:
     listed = {b.get("name") for b in backends}
     for p in out.get("properties", []):  # schema 2 lists backends per property; a column names a backend too
         for name in [*p.get("backends", []), *p.get("verdicts", {})]:
-            if " vs " not in name and name not in listed:
+            if not is_pair(name) and name not in listed:
                 listed.add(name)
                 backends.append({"name": name, "real": name.startswith("real-")})
     for backend in backends:

@@ -22,6 +22,7 @@ from conformance.backends.factory import get_adapter, trace_library
 from conformance.backends.limits import known_limit
 from conformance.core.cases import example_of
 from conformance.core.example import Example, RankInputs, build_rank_inputs
+from conformance.core.ids import CallId
 from conformance.core.raisers import suite_frame
 from conformance.core.spec import BackendSpec
 from conformance.core.views import Unsupported
@@ -185,7 +186,7 @@ def settle(device: torch.device, backend: str, operation: str, error: BaseExcept
             error = RuntimeError(f"{backend}: {operation} left a CUDA error on rank(s) {ranks}")
         # The world is retired, yet the failure is still this backend's: the controller charges it to the call
         # (run 21 on one H200: a sticky error of real-v1 was charged to every backend, emulated-v1 included).
-        error.conformance_call = f"{backend}|{operation}"  # type: ignore[attr-defined]
+        error.conformance_call = str(CallId(backend, operation))  # type: ignore[attr-defined]
         raise error
     return ranks, error
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from conformance.core.ids import CallId
+
 
 class WorldError(RuntimeError):
     """The world could not be started or used (bad environment, start-up failure)."""
@@ -66,8 +68,8 @@ class RankFailure(RuntimeError):
 
 def describe_call(call: str) -> str:
     """``emulated-v2|ElasticBuffer.__init__`` -> ``ElasticBuffer.__init__ [emulated-v2]``; task names unchanged."""
-    backend, sep, name = call.partition("|")
-    return f"{name} [{backend}]" if sep else call
+    parsed = CallId.parse(call)
+    return f"{parsed.operation} [{parsed.backend}]" if parsed else call
 
 
 class RankRaised(RankFailure):

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Listener, wait
 from typing import Any
 
+from conformance.core.ids import CallId
 from conformance.serve import forkserver
 from conformance.world import protocol
 from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankTimeout, WorldError
@@ -477,7 +478,7 @@ class World:
                                f"did not raise; ended the task because rank(s) {raised_on} raised in "
                                f"{first['operation']} [{first['backend']}]") for rank in sorted(in_step)}
             raise RankRaised(target, per_rank, culprits=raised_on,
-                             calls={rank: f"{first['backend']}|{first['operation']}" for rank in raised_on},
+                             calls={rank: str(CallId(first["backend"], first["operation"])) for rank in raised_on},
                              backend=first["backend"], in_step=True, suite=suite)
         stuck = list(pending.values())
         seen = self._inspect(crashed, stuck)

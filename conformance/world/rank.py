@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from conformance.core.ids import CallId
 from conformance.core.raisers import suite_frame
 from conformance.world.protocol import (
     CALL_SLOT_BYTES,
@@ -205,7 +206,7 @@ def backend_context(name: str, operation: str) -> Iterator[None]:
     emulated backends' classes), and outside any traced call the rank is reported in ``operation [name]``."""
     _backends.append(name)
     try:
-        with current_call(f"{name}|{operation}"):
+        with current_call(str(CallId(name, operation))):
             yield
     finally:
         _backends.pop()
@@ -223,8 +224,8 @@ def call_context(label: str) -> Iterator[None]:
 
 
 def _with_context(name: str) -> str:
-    if _backends and "|" in name:  # a library call made for the backend the task is driving
-        name = f"{_backends[-1]}|{name.partition('|')[2]}"
+    if _backends and (call := CallId.parse(name)):  # a library call made for the backend the task is driving
+        name = str(CallId(_backends[-1], call.operation))
     return f"{name} (in {', '.join(_labels)})" if _labels and name else name
 
 
