@@ -28,7 +28,8 @@ def test_p2_catches_a_count_off_by_one(emulated_session) -> None:
 
 
 def test_p2_catches_alignment_rounded_down(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, P2, "alignment-rounds-down", alignment_examples(2))
+    example, message = assert_caught(emulated_session, P2, "alignment-rounds-down", alignment_examples(2),
+                                     shrink=False)
     assert example.expert_alignment > 1
     assert "num_recv_tokens_per_expert_list[rank" in message and "rounded up to expert_alignment" in message
 

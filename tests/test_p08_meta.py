@@ -42,7 +42,8 @@ def multi_local_slots(example: Example) -> bool:
 
 
 def test_p8_catches_a_gap_inside_an_expert(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, P8, "expand-not-contiguous", alignment_examples(2))
+    example, message = assert_caught(emulated_session, P8, "expand-not-contiguous", alignment_examples(2),
+                                     shrink=False)
     assert example.expert_alignment > 1
     assert "contiguous" in message and "recv_src_metadata[rank" in message and "do_expand=True" in message
 

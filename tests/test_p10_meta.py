@@ -10,7 +10,8 @@ P10 = "P10-events"
 
 
 def test_p10_catches_an_async_result_returned_before_it_is_ready(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, P10, "async-result-before-ready", small_examples(2))
+    example, message = assert_caught(emulated_session, P10, "async-result-before-ready", small_examples(2),
+                                     shrink=False)
     assert sum(example.tokens_per_rank) >= 1
     assert "differ from the synchronous" in message
 
@@ -39,7 +40,7 @@ def test_p10_catches_a_call_that_drops_release_handle(emulated_session) -> None:
 
 
 def test_p10_catches_a_hook_run_before_the_wait(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, P10, "hook-before-event-wait", small_examples(2))
+    example, message = assert_caught(emulated_session, P10, "hook-before-event-wait", small_examples(2), shrink=False)
     assert "recv_x as the hook saw it" in message and "register_hook_after_wait" in message
 
 

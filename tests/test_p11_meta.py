@@ -22,7 +22,7 @@ def test_p11_catches_too_many_tokens_accepted_and_truncated(emulated_session) ->
 
 
 def test_p11_catches_combine_ignoring_the_handle_sm_count(emulated_session) -> None:
-    case, message = assert_caught(emulated_session, P11, "combine-ignores-handle-num-sms", qp_cases(2))
+    case, message = assert_caught(emulated_session, P11, "combine-ignores-handle-num-sms", qp_cases(2), shrink=False)
     assert case.num_sms != 0
     assert "expected the dispatch handle's" in message
 
@@ -39,13 +39,14 @@ def test_p11_catches_an_explicit_qp_count_ignored(emulated_session) -> None:
 
 
 def test_p11_catches_an_explicit_num_bytes_ignored(emulated_session) -> None:
-    case, message = assert_caught(emulated_session, P11, "explicit-num-bytes-ignored", qp_cases(2))
+    case, message = assert_caught(emulated_session, P11, "explicit-num-bytes-ignored", qp_cases(2), shrink=False)
     assert case.extra_bytes > 0 and case.num_cpu_bytes == 0
     assert "num_bytes =" in message and "the size asked for" in message
 
 
 def test_p11_catches_a_theoretical_sm_count_that_drops_an_argument(emulated_session) -> None:
-    case, message = assert_caught(emulated_session, P11, "theoretical-sms-ignores-write-bandwidth", qp_cases(2))
+    case, message = assert_caught(emulated_session, P11, "theoretical-sms-ignores-write-bandwidth", qp_cases(2),
+                                  shrink=False)
     assert case.sm_write_gbs != 50
     assert "get_theoretical_num_sms(" in message and "bandwidth model" in message
 

@@ -13,7 +13,8 @@ COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize
 
 
 def test_catches_an_ignored_epilogue_event(emulated_session) -> None:
-    example, message = assert_caught(emulated_session, PID, "epilogue-event-ignored", epilogue_examples(2))
+    example, message = assert_caught(emulated_session, PID, "epilogue-event-ignored", epilogue_examples(2),
+                                     shrink=False)
     assert "previous_event_before_epilogue" in message and "[" in message, message
 
 
