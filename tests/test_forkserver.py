@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conformance.serve import forkserver
+from conformance.world.launcher import _running as _alive  # alive and not a zombie
 from tests.runs import ROOT
 
 
@@ -24,14 +25,6 @@ def _started(out: Path, pid: int) -> None:
     while not (out.exists() and out.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert int(out.read_text()) == pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_forked_helper_is_what_python_dash_m_would_be(tmp_path: Path) -> None:

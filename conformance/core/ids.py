@@ -16,6 +16,14 @@ PAIR_SEPARATOR = " vs "
 CALL_SEPARATOR = "|"
 
 
+def _split(text: str, separator: str) -> tuple[str, str] | None:
+    """``text`` split at its first ``separator``; ``None`` without one."""
+    if separator not in text:
+        return None
+    first, rest = text.split(separator, 1)
+    return first, rest
+
+
 class Pair(NamedTuple):
     """Two backends compared example by example; ``str()`` is the name of their column."""
 
@@ -28,10 +36,8 @@ class Pair(NamedTuple):
     @classmethod
     def parse(cls, column: str) -> Pair | None:
         """The pair a column name is, or ``None`` for a backend's own column."""
-        if PAIR_SEPARATOR not in column:
-            return None
-        first, other = column.split(PAIR_SEPARATOR, 1)
-        return cls(first, other)
+        parts = _split(column, PAIR_SEPARATOR)
+        return cls(*parts) if parts else None
 
 
 def is_pair(column: str) -> bool:
@@ -62,10 +68,8 @@ class CallId(NamedTuple):
     @classmethod
     def parse(cls, call: str) -> CallId | None:
         """The call id ``call`` is, or ``None`` for a bare name (a task's, no backend)."""
-        if CALL_SEPARATOR not in call:
-            return None
-        backend, operation = call.split(CALL_SEPARATOR, 1)
-        return cls(backend, operation)
+        parts = _split(call, CALL_SEPARATOR)
+        return cls(*parts) if parts else None
 
 
 def sort_key(property_id: str) -> tuple[int, str]:

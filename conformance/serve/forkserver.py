@@ -210,7 +210,7 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
                 if pid == 0:
                     requests.close()
                     replies.close()
-                    _become(env, cwd, new_session, stdout, stderr)
+                    become(env, cwd, new_session, stdout, stderr)
                     return module, args
                 live.add(pid)
                 reply: Any = pid
@@ -228,19 +228,24 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
         replies.flush()
 
 
-def _become(env: dict[str, str], cwd: str, new_session: bool, stdout: str | None, stderr: str | None) -> None:
-    """In a helper just forked: its session, working directory, standard streams and environment."""
+def become(env: dict[str, str], cwd: str, new_session: bool, stdout: str | None, stderr: str | None) -> None:
+    """In a process just forked (a helper here, a child of the exit checks' zygote): its session, working
+    directory, standard streams (``stdout``/``stderr``: files, else inherited) and environment; it dies with its
+    parent."""
     if new_session:
         os.setsid()
     os.chdir(cwd)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
+    opened: dict[str, int] = {}  # one open file (one offset) where both streams go to the same one
     for fd, path in ((1, stdout), (2, stderr)):
         if path:
-            out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(out, fd)
-            os.close(out)
+            if path not in opened:
+                opened[path] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(opened[path], fd)
+    for out in opened.values():
+        os.close(out)
     os.environ.clear()
     os.environ.update(env)
     from conformance.world.rank import die_with_parent

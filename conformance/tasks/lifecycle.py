@@ -205,6 +205,7 @@ def _zygote_main() -> dict[str, Any]:
     import conformance.backends.alias  # noqa: F401
     import conformance.backends.factory  # noqa: F401
     import conformance.mutants  # noqa: F401
+    from conformance.serve.forkserver import become
     from conformance.world.rank import child_exit_status, die_with_parent
 
     die_with_parent()
@@ -228,13 +229,7 @@ def _zygote_main() -> dict[str, Any]:
             if pid == 0:  # the child: its own output, the rank's environment, no requests
                 requests.close()
                 replies.close()
-                fd = os.open(output, os.O_WRONLY | os.O_TRUNC)
-                os.dup2(fd, 1)
-                os.dup2(fd, 2)
-                os.close(fd)
-                os.environ.clear()
-                os.environ.update(env)
-                die_with_parent()
+                become(env, os.getcwd(), False, output, output)
                 return orders
             live.add(pid)
             reply(pid)
