@@ -14,6 +14,10 @@
 #          --cold --jit-cache /tmp/jit-21 (issue 37's cold figure; limit T_COLD, default 330 s)
 #   warm   the same on the kernel cache cold left, without --cold (issue 37's warm figure, one invocation; limit
 #          T_WARM, default 230 s, or less if the call's 600 s would be passed: CALL_S, default 585)
+#   cold25 the whole catalog on DeepEP 2.5.0 (the kit's, switched to after a 2.1.0 part: run 32), 4 backends, 25
+#          examples, -n $K, cold cache /tmp/jit-25, gated with --baseline the 2.1.0 baseline part cold wrote (cold writes
+#          it when a cold25 part follows): both versions and the bump explained in one call (limit T_COLD25, default
+#          the call's time left)
 # Each tarball: conformance.json, conformance.md, jit.log, log.txt, benchmark.json (cold, warm) and the warm-up runs'
 # logs; $OUT/log.txt is the call's output, $OUT/gpu.txt nvidia-smi's card, $OUT/smi.csv the GPU's memory and use
 # every 5 s.
@@ -38,7 +42,7 @@ BACKENDS=real-v1,real-v2,emulated-v1,emulated-v2
 pack() {  # part, report dir: the part's files into $OUT/<part>.tgz
   local part=$1 dir=$2
   (cd "$dir" && tar czf "$OUT/$part.tgz" --ignore-failed-read conformance.json conformance.md jit.log log.txt \
-    benchmark.json warm-up/*/log.txt 2>/dev/null)
+    benchmark.json bump.md baseline-2.1.0.json warm-up/*/log.txt 2>/dev/null)
   echo "part $part packed: $(tar tzf "$OUT/$part.tgz" | wc -l) files ($(( $(date +%s) - started )) s into the call)"
 }
 
@@ -56,15 +60,30 @@ for part in ${PARTS:?PARTS: the parts to run}; do
       pack smoke "$dir" ;;
     cold|warm)
       export EP_JIT_CACHE_DIR=/tmp/jit-21; dir=/tmp/reports-$part; rm -rf "$dir"; mkdir -p "$dir"
+      extra=
+      case " $PARTS " in *" cold25 "*) [ "$part" = cold ] && extra="--write-baseline $dir/baseline-2.1.0.json";; esac
       if [ "$part" = cold ]; then cold=--cold; seed=3701; limit=${T_COLD:-330}
       else cold=; seed=3702; left=$(( CALL_S - ($(date +%s) - started) - 25 )); limit=${T_WARM:-230}
            [ "$left" -lt "$limit" ] && limit=$left; fi
       echo "part $part: limit $limit s ($(( $(date +%s) - started )) s into the call)"
       python3 -m benchmarks --device cuda --only catalog $cold --jit-cache "$EP_JIT_CACHE_DIR" \
         --catalog-report "$dir" --catalog-limit "$limit" --out "$dir/benchmark.json" \
-        --catalog-args "--rank-setup shared --device cuda --nodes 1 -n $K --dist worksteal --backends $BACKENDS --max-examples 25 --conformance-seed $seed" \
+        --catalog-args "--rank-setup shared --device cuda --nodes 1 -n $K --dist worksteal --backends $BACKENDS --max-examples 25 --conformance-seed $seed $extra" \
         2>&1 | tee "$dir/log.txt"
       pack "$part" "$dir" ;;
+    cold25)
+      DEEPEP_KIT_VERSION=2.5.0 source .deepep-kit/activate.sh || exit 1
+      python3 -c "import deep_ep, sys; v = deep_ep.__version__; print('deep_ep', v); sys.exit(v != '2.5.0')" || exit 1
+      export EP_JIT_CACHE_DIR=/tmp/jit-25; dir=/tmp/reports-cold25; rm -rf "$dir"; mkdir -p "$dir"
+      base=/tmp/reports-cold/baseline-2.1.0.json
+      [ -f "$base" ] && gate="--baseline $base" || { gate=; echo "part cold25: no 2.1.0 baseline (part cold first)"; }
+      left=$(( CALL_S - ($(date +%s) - started) - 25 )); limit=${T_COLD25:-$left}; [ "$left" -lt "$limit" ] && limit=$left
+      echo "part cold25: limit $limit s ($(( $(date +%s) - started )) s into the call)"
+      python3 -m benchmarks --device cuda --only catalog --cold --jit-cache "$EP_JIT_CACHE_DIR" \
+        --catalog-report "$dir" --catalog-limit "$limit" --out "$dir/benchmark.json" \
+        --catalog-args "--rank-setup shared --device cuda --nodes 1 -n $K --dist worksteal --backends $BACKENDS --max-examples 25 --conformance-seed 3703 $gate" \
+        2>&1 | tee "$dir/log.txt"
+      pack cold25 "$dir" ;;
     *) echo "unknown part $part" >&2; exit 2 ;;
   esac
 done
