@@ -421,3 +421,20 @@ def test_two_worlds_on_one_gpu_drive_every_path_of_the_real_library() -> None:
                         "P15-ll-dispatch": "passed", "P23-ll-shrink": "known-defect"}, statuses
     assert _property(report, "P15-ll-dispatch")["verdicts"]["real-v1"]["held"] == 3
     assert report["jit"]["warm_up"]["made_by"] in ("gw0", "gw1")
+
+
+def test_both_versions_cold_in_one_call_did_not_complete_and_say_what_ran() -> None:
+    """Run 32 (one H100, one call: the 2.1.0 catalog cold, then the 2.5.0 catalog cold, four worlds on the GPU each):
+    both partial, kept as such: 2.1.0 stopped by its limit with only P29 not run, 2.5.0 by the call's time left with
+    11 properties not run; both real, no property failed; no baseline was written from the partial 2.1.0 run."""
+    old = _report(f"{RUN_31}/32a-cold21/conformance.json.gz")
+    new = _report(f"{RUN_31}/32b-cold25/conformance.json.gz")
+    for report, version in ((old, "2.1.0"), (new, "2.5.0")):
+        assert report["environment"]["deep_ep"] == version
+        assert {b["name"]: b["real"] for b in report["environment"]["backends"]}["real-v2"] is True
+        assert report["complete"] is False and report["incomplete_reason"].startswith("the run was interrupted")
+        assert "failed" not in {p["status"] for p in report["properties"]}
+    assert old["not_run"] == ["P29-cuda-graphs"]
+    assert len(new["not_run"]) == 11 and "P12-bad-input" in new["not_run"]
+    assert "not written, this run is partial" in (RUNS / RUN_31 / "32a-cold21" / "log.txt").read_text()
+    assert "NVIDIA H100" in (RUNS / RUN_31 / "32b-cold25" / "gpu.txt").read_text()
