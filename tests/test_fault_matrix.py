@@ -241,6 +241,13 @@ def test_a_subset_run_is_partial_and_never_replaces_a_complete_report(tmp_path: 
     assert gate.returncode == pytest.ExitCode.USAGE_ERROR and "is a partial run" in gate.stderr, gate.stderr
 
 
+def _as_in_a_terminal() -> None:
+    """(in the run's process, before it starts) Ctrl-C and SIGQUIT as a terminal's foreground job has them: a shell
+    without job control starts a background job (``cmd &``) with both ignored, which the run would inherit."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 #: What the interrupted runs select: a quick property first, then two that run for a minute at 200 examples.
 INTERRUPTED = [f"conformance/properties/{name}.py" for name in ("test_p14_api_surface", "test_p01_payloads",
                                                                  "test_p05_combine")]
@@ -263,7 +270,8 @@ def test_an_interrupted_run_stops_fast_leaves_nothing_and_says_so(tmp_path: Path
     # P14 finishes in seconds; P1 and P5 then have 200 examples to run: the signal comes while examples run
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-n", "2", "--nodes", "2", f"--report-dir={reports}",
                              "--max-examples", "200", "-v", *INTERRUPTED], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_as_in_a_terminal)
     lines = []
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # wait until a property finished and others are running examples
