@@ -97,3 +97,23 @@ def test_off_means_a_fresh_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
     done = forkserver.run_module("tests.fork_targets", ["report", "0"], timeout_s=60,
                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and not json.loads(done.stdout.splitlines()[0])["torch"]
+
+
+def test_ctrl_c_is_the_controllers_and_a_helper_has_pythons_handler(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches the controller's process group: the server ignores it (it ends with the
+    controller, without a traceback in the user's terminal); a helper has Python's handler, as ``python -m`` has."""
+    server = forkserver.ForkServer()
+    try:
+        pid = server.ask("start", "tests.fork_targets", ["sleep"], {**os.environ, "PYTHONPATH": str(ROOT)},
+                         str(tmp_path), True, str(tmp_path / "out"), None)
+        _started(tmp_path / "out", pid)
+        os.kill(server.proc.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert server.proc.poll() is None and _alive(pid), "the fork server died of a SIGINT"
+        os.kill(pid, signal.SIGINT)  # the helper: KeyboardInterrupt, exit status 1 (a fresh interpreter's too)
+        deadline = time.monotonic() + 10
+        while server.ask("poll", pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    finally:
+        server.close()

@@ -175,6 +175,9 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
     from conformance.world.rank import die_with_parent
 
     die_with_parent()
+    # A terminal's Ctrl-C reaches the controller's process group, this server too: it is the controller's to handle
+    # (the server ends with it); a helper gets Python's own handler back, as a fresh interpreter has it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import importlib
 
     for name in PRELOAD:
@@ -210,6 +213,7 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
                 if pid == 0:
                     requests.close()
                     replies.close()
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
                     become(env, cwd, new_session, stdout, stderr)
                     return module, args
                 live.add(pid)
