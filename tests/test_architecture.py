@@ -247,3 +247,30 @@ def test_the_id_rule_sees_planted_hand_made_ids() -> None:
                'name = f"{a} vs {b}"\ncall = f"{backend}|{op}"\ncol = " vs ".join(w)\n'
                'fine = f"{got} vs {want} [{call}]"\ntext = text.replace("|", "-")\n')
     assert len(id_string_offenders(planted, "planted")) == 6, id_string_offenders(planted, "planted")
+
+
+def test_verdicts_and_statuses_are_defined_once() -> None:
+    """The verdict and status lists the tally, the severity ranking and the matrix use are
+    ``conformance.core.outcomes``' (three hand-kept tuples before); a verdict is a status too."""
+    from conformance.core import outcomes
+    from conformance.harness import verdicts
+    from conformance.reporting import report
+
+    assert report.VERDICT_ORDER is outcomes.VERDICTS and report.STATUSES is outcomes.STATUSES
+    assert verdicts.SUITE_ERROR == outcomes.Verdict.SUITE_ERROR == "suite-error"
+    assert set(outcomes.VERDICTS) <= set(outcomes.STATUSES)
+    literal = [o for module, path in MODULES.items() if module != "conformance.core.outcomes"
+               for o in _status_tuples(path.read_text(), module)]
+    assert not literal, "a hand-kept list of verdicts or statuses:\n" + "\n".join(literal)
+
+
+def _status_tuples(source: str, where: str) -> list[str]:
+    """Tuples or lists of three or more string constants that are all verdict or status names."""
+    from conformance.core.outcomes import STATUSES
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Tuple | ast.List) and len(node.elts) >= 3 and all(
+                isinstance(e, ast.Constant) and e.value in STATUSES for e in node.elts):
+            found.append(f"{where}:{node.lineno}")
+    return found

@@ -22,11 +22,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.core.ids import Pair, members
+from conformance.core.outcomes import Verdict
 
-#: Column verdicts, worst first (``not-checked`` is not a verdict on anything).
-VERDICTS = ("suite-error", "failed", "known-defect", "divergence", "unsupported", "passed")
 #: The verdict of a column whose check the suite's own code broke (``conformance.core.raisers``).
-SUITE_ERROR = "suite-error"
+SUITE_ERROR = Verdict.SUITE_ERROR.value
 #: How much of a column's own failure message is kept.
 MESSAGE_CHARS = 4000
 NOT_CHECKED = "not-checked"

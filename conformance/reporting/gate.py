@@ -32,13 +32,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from conformance.core.ids import Pair, is_pair, members
+from conformance.core.outcomes import Verdict
 from conformance.reporting.accept import Acceptance
 from conformance.reporting.schema import contract_of, upgrade
 
 #: Statuses in which a property (or a column) holds.
-HOLDS = ("passed", "divergence", "unsupported", "known-defect")
+HOLDS = tuple(v.value for v in (Verdict.PASSED, Verdict.DIVERGENCE, Verdict.UNSUPPORTED, Verdict.KNOWN_DEFECT))
 #: Column statuses of a backend that was checked and did what the contract (or a known-defect entry) says.
-CHECKED_OK = ("passed", "divergence", "known-defect")
+CHECKED_OK = tuple(v.value for v in (Verdict.PASSED, Verdict.DIVERGENCE, Verdict.KNOWN_DEFECT))
 #: Schema-2 divergence keys (suffix) that schema 3 reports as known defects.
 LEGACY_DIVERGENCE_DEFECTS = {":cached-dispatch-without-num-experts": "v2-cached-dispatch-without-num-experts"}
 #: The property whose failure *is* an API change (its column failures are the API findings, said once).

@@ -21,8 +21,9 @@ def render(document: dict[str, Any]) -> str:
     """The page of ``document`` (raises ``ImportError`` without jinja2)."""
     import jinja2
 
+    from conformance.core.outcomes import STATUSES
     from conformance.reporting.figures import routing_heatmap, routing_of
-    from conformance.reporting.matrix import STATUSES, counts_text, matrix_rows
+    from conformance.reporting.matrix import counts_text, matrix_rows
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(os.path.dirname(__file__), "templates")),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)

@@ -9,8 +9,6 @@ from typing import Any
 
 from conformance.core.ids import Pair, is_pair
 
-#: Property statuses (report schema 3).
-STATUSES = ("passed", "failed", "suite-error", "known-defect", "skipped", "divergence", "unsupported", "not-run")
 
 def columns_of(document: dict[str, Any]) -> list[str]:
     """The verdict matrix' columns: every backend, then every compared pair, in the order they were seen."""

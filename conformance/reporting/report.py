@@ -22,13 +22,14 @@ from typing import Any
 
 from conformance.core.api_coverage import per_property_calls, report_section
 from conformance.core.ids import is_pair, sort_key
+from conformance.core.outcomes import STATUSES, VERDICTS
 from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
 from conformance.reporting.accept import Acceptance
 from conformance.reporting.bump import explain
 from conformance.reporting.bump import markdown as bump_markdown
 from conformance.reporting.bump import terminal_lines as bump_terminal_lines
-from conformance.reporting.matrix import STATUSES, SYMBOLS, counts_text, matrix_rows, pair_legend, short_column
+from conformance.reporting.matrix import SYMBOLS, counts_text, matrix_rows, pair_legend, short_column
 from conformance.reporting.migration import markdown as migration_markdown
 from conformance.reporting.migration import migrations
 from conformance.reporting.migration import summary as migration_summary
@@ -36,8 +37,8 @@ from conformance.reporting.schema import SCHEMA
 from conformance.world.launcher import describe_engine
 
 USER_PROPERTY = "conformance"
-#: Column verdicts, worst first (harness.verdicts).
-VERDICT_ORDER = ("suite-error", "failed", "known-defect", "divergence", "unsupported", "passed")
+#: Column verdicts, worst first (conformance.core.outcomes).
+VERDICT_ORDER = VERDICTS
 __all__ = ["SCHEMA", "STATUSES", "USER_PROPERTY", "PropertyEntry", "entry_from_report", "finish_run", "markdown",
            "repro_command", "rerun_command", "summarise", "summary_lines", "write_reports"]
 
