@@ -274,3 +274,9 @@ def _status_tuples(source: str, where: str) -> list[str]:
                 isinstance(e, ast.Constant) and e.value in STATUSES for e in node.elts):
             found.append(f"{where}:{node.lineno}")
     return found
+
+
+def test_the_status_list_rule_sees_a_planted_hand_kept_list() -> None:
+    planted = ('HOLDS = ("passed", "divergence", "unsupported")\nfine = ("passed", "other", "failed")\n'
+               'pair = ("passed", "failed")\n')
+    assert _status_tuples(planted, "planted") == ["planted:1"]

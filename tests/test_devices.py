@@ -32,8 +32,6 @@ def test_max_workers_follow_visible_gpus(monkeypatch) -> None:
 
 
 def _shared(**values: object) -> object:
-    from types import SimpleNamespace
-
     return SimpleNamespace(rank_setup="shared", device="cuda", **values)
 
 

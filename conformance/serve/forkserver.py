@@ -198,13 +198,7 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
             done[pid] = os.waitstatus_to_exitcode(status)
 
     while True:
-        try:
-            request = pickle.load(requests)
-        except EOFError:  # the controller closed its end or died: its helpers go with it
-            for pid in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            os._exit(0)
+        request = next_request(requests, live)
         reap()
         try:
             if request[0] == "start":
@@ -230,6 +224,18 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
             reply = exc
         pickle.dump(reply, replies)
         replies.flush()
+
+
+def next_request(requests: Any, live: set[int]) -> Any:
+    """(a server: this one, the exit checks' zygote) Its client's next request; when the client closed its end or
+    died, every child still alive is killed and the server exits: none outlives it."""
+    try:
+        return pickle.load(requests)
+    except EOFError:
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        os._exit(0)
 
 
 def become(env: dict[str, str], cwd: str, new_session: bool, stdout: str | None, stderr: str | None) -> None:

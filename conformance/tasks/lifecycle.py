@@ -205,7 +205,7 @@ def _zygote_main() -> dict[str, Any]:
     import conformance.backends.alias  # noqa: F401
     import conformance.backends.factory  # noqa: F401
     import conformance.mutants  # noqa: F401
-    from conformance.serve.forkserver import become
+    from conformance.serve.forkserver import become, next_request
     from conformance.world.rank import child_exit_status, die_with_parent
 
     die_with_parent()
@@ -216,13 +216,7 @@ def _zygote_main() -> dict[str, Any]:
         replies.flush()
 
     while True:
-        try:
-            request = pickle.load(requests)
-        except EOFError:  # the rank closed its end or died: no child outlives the zygote
-            for pid in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            os._exit(0)
+        request = next_request(requests, live)  # the rank closed its end or died: no child outlives the zygote
         if request[0] == "start":
             _, env, orders, output = request
             pid = os.fork()
