@@ -37,6 +37,7 @@ def test_a_forked_helper_is_what_python_dash_m_would_be(tmp_path: Path) -> None:
     for key in ("argv", "cwd", "name", "marker", "deep_ep"):
         assert seen[key] == expected[key], (key, seen, expected)
     assert seen["torch"] and not seen["deep_ep"], "the server preloads torch, never deep_ep"
+    assert seen["tables"] == ["2.1.0", "2.5.0"] and expected["tables"] == [], "the refusal tables: parsed once, there"
     assert forked.stdout.splitlines()[-1] == fresh.stdout.splitlines()[-1] == "atexit ran", forked.stdout
     assert forked.stderr.strip() == fresh.stderr.strip() == "to stderr"
 

@@ -33,9 +33,12 @@ from typing import Any
 #: What the server imports before it forks anything: torch, what a node agent, its elastic agents and its ranks
 #: import first (torch's elastic launcher; the symbolic-shape module an autograd ``backward`` with explicit gradients
 #: imports, about 0.4 s in each rank that first calls one), and what the probes import (not their module itself:
-#: runpy runs a module as ``__main__`` from its source, and warns about one already imported).
+#: runpy runs a module as ``__main__`` from its source, and warns about one already imported).  ``module:function``:
+#: the function is called once the module is imported (the versions' refusal tables, which ranks of the emulation
+#: read: about 0.1 s of parsing each).
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.launcher.api", "torch.fx.experimental.symbolic_shapes",
-           "conformance.serve", "conformance.backends.alias", "conformance.mutants", "conformance.core.spec")
+           "conformance.serve", "conformance.backends.alias", "conformance.mutants", "conformance.core.spec",
+           "conformance.versions:preload")
 #: ``off``: every helper is a fresh interpreter (``subprocess.Popen``), as before the fork server.
 ENV = "CONFORMANCE_FORK_SERVER"
 #: How often a waiting caller asks the server about a helper.
@@ -181,7 +184,10 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
     import importlib
 
     for name in PRELOAD:
-        importlib.import_module(name)
+        module, _, function = name.partition(":")
+        imported = importlib.import_module(module)
+        if function:
+            getattr(imported, function)()
     assert "deep_ep" not in sys.modules, "the fork server imported deep_ep: every probe would see it imported"
     done: dict[int, int] = {}  # reaped helpers' exit statuses, kept until asked for
     live: set[int] = set()

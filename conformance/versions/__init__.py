@@ -293,6 +293,7 @@ class Contract:
         return f"DeepEP {self.version} ({apis}{'; ' + gone if gone else ''}; {self.provenance})"
 
 
+@functools.cache  # one per version, whatever its spelling (``2.1.0``, ``2.1.0+emulation``): its tables parsed once
 def _load(version: str) -> Contract:
     folder = VERSIONS_DIR / version
     path = folder / "contract.toml"
@@ -326,6 +327,13 @@ def contract(version: str | None = None) -> Contract:
     if base is None:
         raise UnknownVersion(f"{version!r} names no DeepEP version (known: {', '.join(known_versions())})")
     return _load(base)
+
+
+def preload() -> None:
+    """Every known version's refusal table parsed (what the emulation raises from, in every rank: about 0.1 s of CPU
+    each): the fork server does it once for the ranks it forks (``conformance.serve.forkserver.PRELOAD``)."""
+    for version in known_versions():
+        _ = contract(version).refusals
 
 
 def contract_for(version: str | None, exports: Iterable[str] = ()) -> tuple[Contract, str | None]:
