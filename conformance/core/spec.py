@@ -367,6 +367,29 @@ def _parse_error(part: str) -> ValueError:
     return ValueError(f"unknown backend {part!r}")  # pragma: no cover - parse accepted what the caller refused
 
 
+@dataclass(frozen=True)
+class AskedBackends:
+    """What ``--backends`` asks for, before the machine is known: the backends it names (``None``: ``auto``, decided
+    once the machine is), and whether it insists on a real built-in one."""
+
+    named: tuple[BackendSpec, ...] | None
+    real: bool
+    #: ``auto``'s two outcomes: both real APIs where the real deep_ep is usable, else both emulated ones.
+    if_auto: dict[bool, tuple[BackendSpec, ...]] = field(default_factory=dict)
+
+    def chosen(self, real_usable: bool) -> tuple[BackendSpec, ...]:
+        """The backends named, or ``auto``'s choice."""
+        return self.named if self.named is not None else self.if_auto[real_usable]
+
+
+def asked_backends(option: str) -> AskedBackends:
+    """``--backends`` read (plug-ins unresolved); ``ValueError`` as :func:`parse_backends` raises it."""
+    if option.strip() == "auto":
+        return AskedBackends(None, False, {usable: tuple(parse_backends("auto", real_available=usable))
+                                           for usable in (True, False)})
+    return AskedBackends(tuple(parse_backends(option, real_available=False)), wants_real(option))
+
+
 def wants_real(option: str) -> bool:
     """Whether ``--backends`` explicitly asks for a real built-in backend (``auto`` does not insist)."""
     return any(part.strip() == "real" or part.strip().startswith("real-") for part in option.split(","))

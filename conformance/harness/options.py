@@ -3,7 +3,7 @@
 :data:`OPTIONS` is what ``pytest_addoption`` registers (``conformance.plugin``) and what ``conformance.repro``
 reuses.  Every option defaults to ``None`` on the command line, so the plugin can tell "given" from "not
 given" (a given option selects the suite); :data:`DEFAULTS` fills the rest.  :func:`build_run_config` turns
-them into a :class:`~conformance.config.RunConfig` or raises :class:`SetupError` with one line naming what
+them into a :class:`~conformance.harness.config.RunConfig` or raises :class:`SetupError` with one line naming what
 is wrong and how to fix it: an impossible set-up never starts a world.
 """
 
@@ -12,9 +12,14 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conformance.harness.config import DEFAULT_MAX_EXAMPLES
+
+if TYPE_CHECKING:
+    from conformance.core.spec import AskedBackends, BackendSpec
+    from conformance.harness.config import RunConfig
+    from conformance.world.launcher import WorldShape
 
 #: Environment passed to every rank on GPUs (NVLink multicast stays off on shared hosts).
 GPU_RANK_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -270,13 +275,63 @@ def _resolve_class(spec: Any, machine: Machine, deep_ep: str | None, real_deep_e
                          else "; declares nothing: its instance is probed at run time"))
 
 
-def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1) -> Any:
-    """The :class:`~conformance.config.RunConfig` of ``option``; :class:`SetupError` if the run cannot work."""
-    from conformance.core.spec import parse_backends, wants_real
+def build_run_config(option: Any, machine: Machine | None = None, *, worker: int = 0, workers: int = 1
+                     ) -> RunConfig:
+    """The :class:`~conformance.harness.config.RunConfig` of ``option`` (``config.option`` or an argparse result),
+    resolved step by step by the resolvers below, each checking its part; :class:`SetupError` if the run cannot
+    work."""
     from conformance.harness.config import RunConfig
-    from conformance.world.launcher import WorldShape
 
     v = option_values(option)
+    _check_numbers(v)
+    shape = _world_shape(v, workers)
+    asked = _asked_backends(v)
+    deep_ep, emulation_version = _asked_deep_ep(v, asked, shape)
+    machine = _machine(machine, asked, deep_ep)
+    _check_real_here(v, asked, deep_ep, machine)
+    placed = _placement(v, shape, machine, asked.named, asked.real or deep_ep == "real", worker, workers)
+    chosen = _backends(v, asked, deep_ep, emulation_version, machine, placed.device == "cuda" and shape.size >= 2)
+    _check_mutant(v, chosen.named)
+    known_defects = _known_defects(v)
+    rank_env = dict(GPU_RANK_ENV) if placed.device == "cuda" else {}
+    # resolved here; the ranks never see "auto" (nor an inherited value)
+    rank_env[DEEP_EP_ENV] = (f"emulation:{chosen.emulation_version}" if chosen.deep_ep == "emulation"
+                             else chosen.deep_ep) or ""
+    shapes, shape_notes, warm_up = _shapes(v, chosen.named, rank_env)
+    return RunConfig(
+        shape=shape,
+        backends=chosen.named,
+        device=placed.device,
+        example_timeout_s=v["example_timeout"],
+        mutant=v["mutant"],
+        gpu_ids=placed.gpu_ids,
+        rank_env=rank_env,
+        max_examples=v["max_examples"],
+        time_budget_s=v["time_budget"],
+        soak=v["soak"],
+        seed=v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32),
+        max_restarts=v["max_restarts"],
+        notes=(*placed.notes, *chosen.notes, *shape_notes),
+        deep_ep_probe=dict(machine.deep_ep),
+        deep_ep=chosen.deep_ep,
+        emulation_version=chosen.emulation_version,
+        rank_setup=v["rank_setup"],
+        plugin_probes={**{spec.target: machine.plugins[spec.target] for spec in chosen.named if spec.plugin},
+                       **{spec.name: machine.plugins[spec.name] for spec in chosen.named if spec.substitute}},
+        known_defects=known_defects,
+        database_dir=os.path.join(os.path.abspath(v["report_dir"]), "hypothesis"),
+        rdzv_endpoint=v["rdzv_endpoint"],
+        remote_nodes=v["remote_nodes"],
+        world_token_file=v["world_token_file"],
+        node_wait_s=v["node_wait"],
+        shapes=shapes,
+        warm_up=warm_up,
+    )
+
+
+# ---------------------------------------------------------------------------------------- the resolvers, in order
+def _check_numbers(v: dict[str, Any]) -> None:
+    """The numeric options and ``--device``: in range."""
     for dest in ("nodes", "ranks_per_node", "max_examples"):
         if v[dest] < 1:
             raise SetupError(f"--{dest.replace('_', '-')} must be at least 1, got {v[dest]}")
@@ -290,10 +345,22 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         raise SetupError(f"--example-timeout must be positive, got {v['example_timeout']}")
     if v["device"] not in DEVICES:
         raise SetupError(f"--device must be one of {', '.join(DEVICES)}, got {v['device']!r}")
+
+
+def _asked_backends(v: dict[str, Any]) -> AskedBackends:
+    """``--backends`` read (plug-ins unresolved; ``auto`` decided once the machine is known)."""
+    from conformance.core.spec import asked_backends
+
     try:
-        named = parse_backends(v["backends"], real_available=False) if v["backends"].strip() != "auto" else None
+        return asked_backends(v["backends"])
     except ValueError as exc:
         raise SetupError(str(exc)) from None
+
+
+def _world_shape(v: dict[str, Any], workers: int) -> WorldShape:
+    """The world's nodes and ranks, and the other hosts' part in it."""
+    from conformance.world.launcher import WorldShape
+
     shape = WorldShape(v["nodes"], v["ranks_per_node"])
     if not 0 <= v["remote_nodes"] <= v["nodes"]:
         raise SetupError(f"--remote-nodes must be between 0 and --nodes ({v['nodes']}), got {v['remote_nodes']}")
@@ -301,42 +368,72 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         raise SetupError("--remote-nodes: the other hosts join one world at --rdzv-endpoint: run without -n")
     if v["remote_nodes"] and v["rdzv_endpoint"].endswith(":0"):
         raise SetupError("--remote-nodes needs a fixed --rdzv-endpoint HOST:PORT the other hosts can reach")
+    return shape
+
+
+def _asked_deep_ep(v: dict[str, Any], asked: AskedBackends, shape: WorldShape) -> tuple[str | None, str | None]:
+    """``--deep-ep`` (:func:`deep_ep_option`), checked against the backends asked for and the world's size."""
     deep_ep, emulation_version = deep_ep_option(v)
-    real_asked = wants_real(v["backends"])
-    if real_asked and deep_ep == "emulation":
+    if asked.real and deep_ep == "emulation":
         raise SetupError(f"--backends {v['backends']} with --deep-ep emulation: the ranks' deep_ep would be the "
                          f"emulation, so a real backend cannot run; drop --deep-ep or use --backends emulated (the "
                          f"emulated backends follow the real deep_ep's version where the emulation models it)")
-    if (real_asked or deep_ep == "real") and shape.size < 2:
+    if (asked.real or deep_ep == "real") and shape.size < 2:
         raise SetupError(
-            f"{'--backends ' + v['backends'] if real_asked else '--deep-ep real'}: the real DeepEP needs at least 2 "
+            f"{'--backends ' + v['backends'] if asked.real else '--deep-ep real'}: the real DeepEP needs at least 2 "
             f"ranks (it asserts 'Unsupported number of EP ranks: 1'), and this world has {shape.size}; use "
             f"--ranks-per-node 2 (or --nodes 2)"
         )
-    plugins_named = bool(named) and any(spec.plugin or spec.substitute for spec in named)
-    if machine is None:
-        machine = detect_machine(real_asked or deep_ep == "real")
-        if (deep_ep or plugins_named) and machine.deep_ep.get("error", "").startswith("not probed"):
-            from conformance.core.probe import probe_in_subprocess
+    return deep_ep, emulation_version
 
-            machine = replace(machine, deep_ep=probe_in_subprocess("deep_ep"))
-    gpus = machine.gpus
-    notes: list[str] = []
-    if v["device"] == "cuda" and not gpus:
+
+def _machine(machine: Machine | None, asked: AskedBackends, deep_ep: str | None) -> Machine:
+    """The machine given (tests), else found here; the real deep_ep probed where a plug-in or ``--deep-ep`` needs
+    to know it."""
+    if machine is not None:
+        return machine
+    machine = detect_machine(asked.real or deep_ep == "real")
+    plugins_named = bool(asked.named) and any(spec.plugin or spec.substitute for spec in asked.named or ())
+    if (deep_ep or plugins_named) and machine.deep_ep.get("error", "").startswith("not probed"):
+        from conformance.core.probe import probe_in_subprocess
+
+        machine = replace(machine, deep_ep=probe_in_subprocess("deep_ep"))
+    return machine
+
+
+def _check_real_here(v: dict[str, Any], asked: AskedBackends, deep_ep: str | None, machine: Machine) -> None:
+    """A real backend or ``--deep-ep real`` asked for: GPUs and an importable deep_ep here."""
+    if v["device"] == "cuda" and not machine.gpus:
         raise SetupError("--device cuda: no CUDA GPU is visible here (check CUDA_VISIBLE_DEVICES and the driver); "
                          "use --device cpu")
-    if real_asked and not gpus:
+    if asked.real and not machine.gpus:
         raise SetupError(f"--backends {v['backends']}: the real DeepEP runs on CUDA GPUs and none is visible here; "
                          f"use --backends emulated to run the suite on the emulation")
-    if real_asked and not machine.deep_ep.get("importable"):
+    if asked.real and not machine.deep_ep.get("importable"):
         raise SetupError(f"--backends {v['backends']}: the real deep_ep does not import here: "
                          f"{machine.deep_ep.get('error')}")
-    if deep_ep == "real" and not gpus:
+    if deep_ep == "real" and not machine.gpus:
         raise SetupError("--deep-ep real: the real DeepEP runs on CUDA GPUs and none is visible here; use --deep-ep "
                          "emulation (or auto)")
     if deep_ep == "real" and not machine.deep_ep.get("importable"):
         raise SetupError(f"--deep-ep real: the real deep_ep does not import here: {machine.deep_ep.get('error')}")
-    real_asked = real_asked or deep_ep == "real"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks run: the device, this worker's GPUs, and why ``auto`` chose what it did."""
+
+    device: str
+    gpu_ids: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def _placement(v: dict[str, Any], shape: WorldShape, machine: Machine, named: tuple[BackendSpec, ...] | None,
+               real: bool, worker: int, workers: int) -> Placement:
+    """``--device`` and ``--rank-setup`` against the GPUs here: one GPU per rank of every worker's world, or
+    (``shared``) every world on the first one."""
+    gpus = machine.gpus
+    notes: list[str] = []
     shared = v["rank_setup"] == "shared"
     if shared:
         if shape.nodes != 1:
@@ -349,7 +446,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
                              "NCCL_MULTI_RANK_GPU_ENABLE=1 to let NCCL try (see docs/real-runs/README.md)")
     needed = 1 if shared else shape.size * max(1, workers)
     enough_gpus = len(gpus) >= needed
-    if v["device"] == "cuda" or real_asked:
+    if v["device"] == "cuda" or real:
         if not enough_gpus:
             raise SetupError(
                 f"{'--device cuda' if v['device'] == 'cuda' else '--backends ' + v['backends']}: one GPU per rank is "
@@ -357,7 +454,7 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
                 + (f" x {workers} xdist workers" if workers > 1 else "") + f"), but {len(gpus)} "
                 f"{'is' if len(gpus) == 1 else 'are'} visible here; use fewer --ranks-per-node"
                 + (", fewer -n workers" if workers > 1 else "") + " or --device cpu"
-                + (" (the real DeepEP needs at least 2 ranks)" if real_asked else "")
+                + (" (the real DeepEP needs at least 2 ranks)" if real else "")
             )
         device = "cuda"
     elif v["device"] == "auto":
@@ -366,49 +463,6 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
             notes.append(f"--device auto chose cpu: {len(gpus)} GPU(s) for {needed} rank(s)")
     else:
         device = "cpu"
-    real_usable = device == "cuda" and shape.size >= 2 and bool(machine.deep_ep.get("importable"))
-    if deep_ep == "auto":
-        deep_ep = "real" if real_usable else "emulation"
-        notes.append(f"--deep-ep auto chose {'the real deep_ep' if real_usable else 'conformance.emulation'}"
-                     + ("" if real_usable else f" (the real one is not usable: "
-                        f"{machine.deep_ep.get('error') or 'it needs a CUDA world of at least 2 ranks'})"))
-    if deep_ep == "emulation":
-        if named is not None and any(spec.impl == "real" for spec in named):
-            raise SetupError(f"--backends {v['backends']} with --deep-ep auto: the ranks' deep_ep is the emulation "
-                             f"here, so a real backend cannot run")
-        if machine.deep_ep.get("importable"):
-            notes.append(f"deep_ep resolves to conformance.emulation in the ranks although a real deep_ep "
-                         f"({machine.deep_ep.get('version') or 'installed'}) imports here: --deep-ep "
-                         f"{v.get('deep_ep') or 'from ' + DEEP_EP_ENV} shadows it")
-    if named is None:  # auto
-        usable = real_usable and deep_ep != "emulation"
-        named = parse_backends("real" if usable else "emulated", real_available=usable)
-        if not usable:
-            why = machine.deep_ep.get("error") if not machine.deep_ep.get("importable") else (
-                "it needs a CUDA world of at least 2 ranks")
-            notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
-    mode = f"emulation:{emulation_version}" if deep_ep == "emulation" and emulation_version else deep_ep
-    named, plugin_notes = resolve_plugins(list(named), machine, mode, machine.deep_ep, v["mutant"])
-    notes += plugin_notes
-    named, emulation_version, version_notes = library_versions(named, deep_ep, emulation_version, machine.deep_ep)
-    notes += version_notes
-    if v["mutant"] is not None:
-        from conformance.mutants import load_catalog
-
-        known = load_catalog()
-        if v["mutant"] not in known:
-            raise SetupError(f"--mutant {v['mutant']!r} is not registered; known: {', '.join(sorted(known))}")
-        if not any(not b.real for b in named):
-            raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
-                             f"no emulated backend")
-    known_defects = v["known_defects"] or "auto"
-    if known_defects not in ("auto", "none"):
-        from conformance.harness.known_defects import load
-
-        try:
-            load(known_defects)
-        except ValueError as exc:
-            raise SetupError(str(exc)) from None
     if device != "cuda":
         gpu_ids: tuple[str, ...] = ()
     elif shared:  # every worker's world on the first visible GPU (devices.shared_gpu_workers: how many for -n auto)
@@ -418,13 +472,87 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
                          f"side by side on GPU {gpus[0]}")
     else:
         gpu_ids = tuple(gpus[worker * shape.size:(worker + 1) * shape.size])
-    rank_env = dict(GPU_RANK_ENV) if device == "cuda" else {}
-    # resolved here; the ranks never see "auto" (nor an inherited value)
-    rank_env[DEEP_EP_ENV] = (f"emulation:{emulation_version}" if deep_ep == "emulation" else deep_ep) or ""
-    seed = v["conformance_seed"] if v["conformance_seed"] is not None else random.randrange(2**32)
-    compiles_per_shape = [b.name for b in named if b.api == "v2" and b.real]
+    return Placement(device, gpu_ids, tuple(notes))
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The backends that run (plug-ins resolved, versions settled), what ``import deep_ep`` gives in the ranks, the
+    version the emulation models, and why ``auto`` chose what it did."""
+
+    named: tuple[BackendSpec, ...]
+    deep_ep: str | None
+    emulation_version: str
+    notes: tuple[str, ...]
+
+
+def _backends(v: dict[str, Any], asked: AskedBackends, deep_ep: str | None, emulation_version: str | None,
+              machine: Machine, cuda_world: bool) -> Chosen:
+    """``--deep-ep auto`` and ``--backends auto`` decided by the machine, plug-ins resolved, versions settled."""
+    notes: list[str] = []
+    real_usable = cuda_world and bool(machine.deep_ep.get("importable"))
+    if deep_ep == "auto":
+        deep_ep = "real" if real_usable else "emulation"
+        notes.append(f"--deep-ep auto chose {'the real deep_ep' if real_usable else 'conformance.emulation'}"
+                     + ("" if real_usable else f" (the real one is not usable: "
+                        f"{machine.deep_ep.get('error') or 'it needs a CUDA world of at least 2 ranks'})"))
+    if deep_ep == "emulation":
+        if asked.named is not None and any(spec.impl == "real" for spec in asked.named):
+            raise SetupError(f"--backends {v['backends']} with --deep-ep auto: the ranks' deep_ep is the emulation "
+                             f"here, so a real backend cannot run")
+        if machine.deep_ep.get("importable"):
+            notes.append(f"deep_ep resolves to conformance.emulation in the ranks although a real deep_ep "
+                         f"({machine.deep_ep.get('version') or 'installed'}) imports here: --deep-ep "
+                         f"{v.get('deep_ep') or 'from ' + DEEP_EP_ENV} shadows it")
+    usable = real_usable and deep_ep != "emulation"
+    named = asked.chosen(usable)
+    if asked.named is None:  # auto
+        if not usable:
+            why = machine.deep_ep.get("error") if not machine.deep_ep.get("importable") else (
+                "it needs a CUDA world of at least 2 ranks")
+            notes.append(f"--backends auto chose the emulation: real deep_ep not usable ({why})")
+    mode = f"emulation:{emulation_version}" if deep_ep == "emulation" and emulation_version else deep_ep
+    resolved, plugin_notes = resolve_plugins(list(named), machine, mode, machine.deep_ep, v["mutant"])
+    versioned, version, version_notes = library_versions(resolved, deep_ep, emulation_version, machine.deep_ep)
+    return Chosen(tuple(versioned), deep_ep, version, (*notes, *plugin_notes, *version_notes))
+
+
+def _check_mutant(v: dict[str, Any], named: tuple[BackendSpec, ...]) -> None:
+    """``--mutant``: registered, and planted where an emulated backend runs."""
+    if v["mutant"] is None:
+        return
+    from conformance.mutants import load_catalog
+
+    known = load_catalog()
+    if v["mutant"] not in known:
+        raise SetupError(f"--mutant {v['mutant']!r} is not registered; known: {', '.join(sorted(known))}")
+    if not any(not b.real for b in named):
+        raise SetupError(f"--mutant plants a defect in the emulation, but --backends {v['backends']} selects "
+                         f"no emulated backend")
+
+
+def _known_defects(v: dict[str, Any]) -> str:
+    """``--known-defects``: ``auto``, ``none`` or a file that loads."""
+    known_defects = v["known_defects"] or "auto"
+    if known_defects not in ("auto", "none"):
+        from conformance.harness.known_defects import load
+
+        try:
+            load(known_defects)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+    return known_defects
+
+
+def _shapes(v: dict[str, Any], named: tuple[BackendSpec, ...], rank_env: dict[str, str]
+            ) -> tuple[str | None, tuple[str, ...], bool]:
+    """``--shapes`` and ``--warm-up``: the shape vocabulary the draws snap to (``auto``: ``jit`` where a real V2
+    backend compiles a kernel per shape), the JIT cache's environment added to ``rank_env``, and whether the
+    kernels are compiled before the first property."""
+    from conformance.harness.jit import rank_env as jit_env
     from conformance.strategies.vocabulary import named as vocabulary_named
 
+    compiles_per_shape = [b.name for b in named if b.api == "v2" and b.real]
     try:
         shapes = {"free": None, "auto": "jit" if compiles_per_shape else None}.get(v["shapes"], v["shapes"])
         vocabulary_named(shapes)
@@ -432,39 +560,10 @@ def build_run_config(option: Any, machine: Machine | None = None, *, worker: int
         shapes = "?"
     if shapes == "?" or (shapes and vocabulary_named(shapes) is None):
         raise SetupError(f"--shapes must be auto, free or jit (jit:N: its shape N alone), got {v['shapes']!r}")
-    from conformance.harness.jit import rank_env as jit_env
-
     rank_env.update(jit_env(bool(compiles_per_shape), v["report_dir"]))
-    if v["shapes"] == "auto" and shapes:
-        notes.append(f"--shapes auto chose the jit vocabulary: {', '.join(compiles_per_shape)} compile(s) a kernel "
-                     f"per new shape (python -m conformance.strategies.vocabulary lists the shapes)")
-    return RunConfig(
-        shape=shape,
-        backends=tuple(named),
-        device=device,
-        example_timeout_s=v["example_timeout"],
-        mutant=v["mutant"],
-        gpu_ids=gpu_ids,
-        rank_env=rank_env,
-        max_examples=v["max_examples"],
-        time_budget_s=v["time_budget"],
-        soak=v["soak"],
-        seed=seed,
-        max_restarts=v["max_restarts"],
-        notes=tuple(notes),
-        deep_ep_probe=dict(machine.deep_ep),
-        deep_ep=deep_ep,
-        emulation_version=emulation_version,
-        rank_setup=v["rank_setup"],
-        plugin_probes={**{spec.target: machine.plugins[spec.target] for spec in named if spec.plugin},
-                       **{spec.name: machine.plugins[spec.name] for spec in named if spec.substitute}},
-        known_defects=known_defects,
-        database_dir=os.path.join(os.path.abspath(v["report_dir"]), "hypothesis"),
-        rdzv_endpoint=v["rdzv_endpoint"],
-        remote_nodes=v["remote_nodes"],
-        world_token_file=v["world_token_file"],
-        node_wait_s=v["node_wait"],
-        shapes=shapes,
-        warm_up=bool(shapes and ":" not in shapes and (v["warm_up"] == "on" or v["warm_up"] == "auto"
-                                                       and compiles_per_shape)),
-    )
+    notes = ((f"--shapes auto chose the jit vocabulary: {', '.join(compiles_per_shape)} compile(s) a kernel per new "
+              f"shape (python -m conformance.strategies.vocabulary lists the shapes)",)
+             if v["shapes"] == "auto" and shapes else ())
+    warm_up = bool(shapes and ":" not in shapes and (v["warm_up"] == "on" or v["warm_up"] == "auto"
+                                                     and compiles_per_shape))
+    return shapes, notes, warm_up
