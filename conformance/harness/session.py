@@ -30,7 +30,7 @@ from conformance.harness.faults import (
 )
 from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
 from conformance.harness.verdicts import Tally
-from conformance.properties import NotApplicable, Property, by_id
+from conformance.properties import NotApplicable, Property, Selection, select
 from conformance.tasks.env import TaskSettings
 from conformance.world.errors import RankCrashed, RankFailure, RankRaised, RankTimeout
 from conformance.world.launcher import World, WorldShape
@@ -201,19 +201,8 @@ class Session:
         return self.config.shape
 
     def excluded(self, prop: Property) -> dict[str, str]:
-        """The selected backends ``prop`` does not apply to, with the reason: another API, a missing capability
-        (:meth:`Property.applies_to`), or the backend's DeepEP version removed its API or a capability ``prop`` needs
-        (:meth:`BackendSpec.version_excludes`: the version's own reason, e.g. "DeepEP 2.5.0 removed the legacy
-        Buffer")."""
-        out: dict[str, str] = {}
-        for b in self.config.backends:
-            reason = prop.applies_to(b.api, b.capabilities, b.name, b.class_name)
-            if b.api in prop.apis:
-                reason = b.version_excludes(prop.needs) or reason
-            if reason is not None:
-                why = [w for w in (b.why_lacks(need) for need in prop.needs) if w] if b.api in prop.apis else []
-                out[b.name] = reason + "".join(f" ({w})" for w in dict.fromkeys(why))
-        return out
+        """The selected backends ``prop`` does not apply to, with the reason (:meth:`Property.exclusions`)."""
+        return prop.exclusions(self.config.backends)
 
     def contract(self, backend: str) -> Any:
         """The contract of the DeepEP version ``backend`` is driven by (``conformance.versions.Contract``): what a check
@@ -223,15 +212,17 @@ class Session:
 
         return spec.contract if spec is not None else versions.under_test()
 
-    def settings_for(self, prop: Property, include_broken: bool = False) -> TaskSettings:
+    def settings_for(self, prop: Property, include_broken: bool = False, excluded: dict[str, str] | None = None
+                     ) -> TaskSettings:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
         it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.  Backends
         the construction preflight found broken are left out too (their failure is reported by the driver), unless
         ``include_broken`` or the property runs on a broken build (``runs_when_broken``: it then gets their names in
         ``TaskSettings.broken`` and makes no call on them).
 
-        Raises :class:`NotApplicable` when no selected backend is left."""
-        excluded = self.excluded(prop)
+        Raises :class:`NotApplicable` when no selected backend is left.  ``excluded``: :meth:`excluded`'s answer,
+        where the caller has it already."""
+        excluded = self.excluded(prop) if excluded is None else excluded
         found = self._broken.get(self.mutant, {})
         leave_out = () if include_broken or prop.runs_when_broken else found
         hung = self.recorder.hung  # backends whose calls hung on an earlier example of this property
@@ -258,8 +249,9 @@ class Session:
         fails that backend's column, costs one world restart, and the case is checked again without it
         (:meth:`_contain`); the backend is then left out of the property's later cases."""
         __tracebackhide__ = True
-        prop = by_id(property_id)
-        settings = self.settings_for(prop)
+        selection = select(property_id, self.config.backends)
+        prop = selection.prop
+        settings = self.settings_for(prop, excluded=selection.excluded)
         recorder = self.recorder
         recorder.property_id = property_id
         recorder.examples += 1
@@ -270,7 +262,7 @@ class Session:
                                  example.num_max_tokens_per_rank, example.expert_alignment))
         while True:
             try:
-                self._check_on(prop, settings, case)
+                self._check_on(prop, settings, case, selection)
                 return
             except RankTimeout as hang:  # one backend's calls hung: that backend's failure, the others checked again
                 backend = self._contain(hang, case, settings.names)
@@ -281,12 +273,14 @@ class Session:
                 if not settings.backends:
                     return
 
-    def _check_on(self, prop: Property, settings: TaskSettings, case: Any) -> None:
-        """:meth:`check` of ``prop`` on ``case`` with the backends of ``settings``."""
+    def _check_on(self, prop: Property, settings: TaskSettings, case: Any, selection: Selection | None = None
+                  ) -> None:
+        """:meth:`check` of ``prop`` on ``case`` with the backends of ``settings`` (``selection``: ``prop`` against
+        the run's backends, where the caller has it)."""
         __tracebackhide__ = True
         property_id, recorder = prop.id, self.recorder
         tally = recorder.tally
-        tally.start(settings.names, self.pairs(settings.names))
+        tally.start(settings.names, (selection or Selection(prop, {}, self.config.backends)).pairs(settings.names))
         try:
             prop.check(self, case, self._results(prop, settings, case))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from conformance.core.example import Example
 from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
-from conformance.core.spec import APIS, CAPABILITIES, Capability
+from conformance.core.spec import APIS, CAPABILITIES, BackendSpec, Capability, compared_pairs
 from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
@@ -154,6 +154,21 @@ class Property:
                     + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {self.id} needs")
         return None
 
+    def exclusions(self, backends: Iterable[BackendSpec]) -> dict[str, str]:
+        """The ``backends`` this property does not check, with the reason: another API, a missing capability
+        (:meth:`applies_to`), or the backend's DeepEP version removed its API or a capability the property needs
+        (:meth:`BackendSpec.version_excludes`: the version's own reason, e.g. "DeepEP 2.5.0 removed the legacy
+        Buffer")."""
+        out: dict[str, str] = {}
+        for b in backends:
+            reason = self.applies_to(b.api, b.capabilities, b.name, b.class_name)
+            if b.api in self.apis:
+                reason = b.version_excludes(self.needs) or reason
+            if reason is not None:
+                why = [w for w in (b.why_lacks(need) for need in self.needs) if w] if b.api in self.apis else []
+                out[b.name] = reason + "".join(f" ({w})" for w in dict.fromkeys(why))
+        return out
+
     @property
     def doc(self) -> str:
         """The property's documentation: its module's docstring (docs/properties.md and the README's catalog table
@@ -212,6 +227,27 @@ def module_files() -> dict[str, str]:
             if isinstance(prop, Property) and module.__file__:
                 out[prop.id] = module.__file__
     return out
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A property against the run's backends, asked once per example: the property, the backends it does not check
+    (name -> why: :meth:`Property.exclusions`), and the pairs it compares among those that return results."""
+
+    prop: Property
+    excluded: dict[str, str]
+    backends: tuple[BackendSpec, ...]
+
+    def pairs(self, names: Iterable[str]) -> list[tuple[str, str]]:
+        """The pairs of ``names`` (backends with results) the check compares (``core.spec.compared_pairs``)."""
+        return compared_pairs(list(names), self.backends)
+
+
+def select(property_id: str, backends: Iterable[BackendSpec]) -> Selection:
+    """:func:`by_id`'s property against ``backends`` (see :class:`Selection`)."""
+    prop = by_id(property_id)
+    backends = tuple(backends)
+    return Selection(prop, prop.exclusions(backends), backends)
 
 
 def by_id(property_id: str) -> Property:
