@@ -280,3 +280,39 @@ def test_the_status_list_rule_sees_a_planted_hand_kept_list() -> None:
     planted = ('HOLDS = ("passed", "divergence", "unsupported")\nfine = ("passed", "other", "failed")\n'
                'pair = ("passed", "failed")\n')
     assert _status_tuples(planted, "planted") == ["planted:1"]
+
+
+#: Verdict and status names that mean nothing else in the suite's code (``passed`` and ``failed`` also name other
+#: things: a known defect's sightings, a job's count).
+UNAMBIGUOUS = ("known-defect", "suite-error", "divergence", "unsupported", "not-run")
+
+
+def _verdict_literals(source: str, where: str) -> list[str]:
+    """String constants naming a verdict or status (:data:`UNAMBIGUOUS`) that a comparison or a ``return`` uses:
+    the code decides by them, so it names ``Verdict``'s or ``Status``' member."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else \
+            [node.value] if isinstance(node, ast.Return) and node.value is not None else []
+        for operand in operands:
+            for leaf in (operand.elts if isinstance(operand, ast.Tuple | ast.List | ast.Set) else [operand]):
+                if isinstance(leaf, ast.Constant) and leaf.value in UNAMBIGUOUS:
+                    found.append(f"{where}:{leaf.lineno} {leaf.value!r}")
+    return found
+
+
+def test_code_outside_the_report_decides_by_verdict_members_not_strings() -> None:
+    """Outside the report's edge (``conformance.reporting``: JSON, Markdown, HTML, old reports) and the outcomes'
+    own module, a comparison or a ``return`` names a verdict or status by its member, never its string."""
+    offenders = [o for module, path in MODULES.items()
+                 if not module.startswith("conformance.reporting") and module != "conformance.core.outcomes"
+                 for o in _verdict_literals(path.read_text(), module)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_verdict_literal_rule_sees_planted_strings() -> None:
+    planted = ('def f(s):\n    if s.status == "known-defect": return "unsupported"\n'
+               '    if s in ("failed", "suite-error"): pass\n    key = {"unsupported": 1}\n'
+               '    return Verdict.PASSED\n')
+    assert _verdict_literals(planted, "p") == ["p:2 'known-defect'", "p:2 'unsupported'", "p:3 'suite-error'"], \
+        _verdict_literals(planted, "p")

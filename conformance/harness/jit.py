@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from conformance.core.outcomes import Status
+
 #: The log's file name in the report directory.
 LOG = "jit.log"
 #: The environment variable naming the log (inherited by the warm-up runs, which log into the parent's).
@@ -225,7 +227,7 @@ def _where(folder: str) -> str:
         report = json.loads((Path(folder) / "conformance.json").read_text())
     except (OSError, ValueError):
         return "it wrote no report (see its log.txt)"
-    reached = [p["id"] for p in report.get("properties", []) if p.get("status") != "not-run"]
+    reached = [p["id"] for p in report.get("properties", []) if p.get("status") != Status.NOT_RUN]
     return f"the last property it reported: {reached[-1]}" if reached else "it reported no property"
 
 

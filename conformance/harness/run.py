@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from conformance.core.outcomes import Status
 from conformance.harness.options import Machine, SetupError, build_run_config, option_values
 from conformance.world.launcher import describe_engine
 
@@ -324,7 +325,7 @@ class ConformanceRun:
                 f"conformance: [{self.done} done] {entry.id} {entry.status}: {entry.examples} examples in "
                 f"{entry.wall_s:.1f} s (held/checked{counts or ' -'})"
                 + (f"; running: {'; '.join(running)}" if running else ""),
-                red=entry.status in ("failed", "suite-error"))
+                red=entry.status in (Status.FAILED, Status.SUITE_ERROR))
 
     def _jit(self) -> dict[str, Any] | None:
         """The run's JIT: its compile log (where the ranks logged one) and the warm-up."""

@@ -64,15 +64,15 @@ class Column:
         if self.suite_errors:
             return SUITE_ERROR
         if self.failed:
-            return "failed"
+            return Verdict.FAILED
         if self.known_defect:
-            return "known-defect"
+            return Verdict.KNOWN_DEFECT
         if self.divergent:
-            return "divergence"
+            return Verdict.DIVERGENCE
         if self.held:
-            return "passed"
+            return Verdict.PASSED
         if self.excluded:
-            return "unsupported"
+            return Verdict.UNSUPPORTED
         return NOT_CHECKED
 
     def as_dict(self) -> dict[str, Any]:
