@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from conformance.harness.options import DEEP_EP_MODES, RANK_SETUPS, build_run_config
+from conformance.harness.options import add_options, build_run_config
 from conformance.harness.session import Session
 from conformance.properties import NotApplicable, catalog
 from conformance.world.errors import RankFailure
@@ -24,16 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     properties = catalog()
     parser.add_argument("property", choices=list(properties), metavar="PROPERTY", help="e.g. P1-per-expert-payloads")
     parser.add_argument("example", help="the example (case) as JSON, from a report or a failure message")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
-    parser.add_argument("--backends", default="auto")
-    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--example-timeout", type=float, default=120.0)
-    parser.add_argument("--mutant", default=None)
-    parser.add_argument("--deep-ep", default=None, metavar="|".join(DEEP_EP_MODES) + "|emulation:VERSION")
-    parser.add_argument("--rank-setup", default="isolated", choices=RANK_SETUPS)
-    parser.add_argument("--shapes", default="free", help="the run's shape vocabulary (a report's line names it); the "
-                                                          "case is replayed as given, already on its shapes")
+    # the suite's own options, from its table; the case is replayed on the shapes it was drawn on, as given
+    add_options(parser, ("--nodes", "--ranks-per-node", "--backends", "--device", "--example-timeout", "--mutant",
+                         "--deep-ep", "--rank-setup", "--shapes"), shapes="free")
     args = parser.parse_args(argv)
     try:
         example = properties[args.property].case_type.from_json(args.example)

@@ -1,10 +1,11 @@
 """The suite's command-line options: declared once, validated before anything starts.
 
-:data:`OPTIONS` is what ``pytest_addoption`` registers (``conformance.plugin``) and what ``conformance.repro``
-reuses.  Every option defaults to ``None`` on the command line, so the plugin can tell "given" from "not
-given" (a given option selects the suite); :data:`DEFAULTS` fills the rest.  :func:`build_run_config` turns
-them into a :class:`~conformance.harness.config.RunConfig` or raises :class:`SetupError` with one line naming what
-is wrong and how to fix it: an impossible set-up never starts a world.
+:data:`OPTIONS` is what ``pytest_addoption`` registers (``conformance.plugin``) and what ``conformance.repro`` and
+the kill matrix add to their parsers (:func:`add_options`).  Every option defaults to ``None`` on the command line,
+so the plugin can tell "given" from "not given" (a given option selects the suite); :data:`DEFAULTS` fills the rest.
+:func:`build_run_config` turns them into a :class:`~conformance.harness.config.RunConfig`, resolver by resolver, or
+raises :class:`SetupError` with one line naming what is wrong and how to fix it: an impossible set-up never starts a
+world.
 """
 
 from __future__ import annotations
@@ -117,6 +118,21 @@ OPTIONS: tuple[Option, ...] = (
            "for a partial run unless --allow-partial)", str, None, "FILE"),
 )
 DEFAULTS = {option.dest: option.default for option in OPTIONS}
+
+
+def add_options(parser: Any, flags: tuple[str, ...], **defaults: Any) -> None:
+    """Add the suite options ``flags`` to an ``argparse`` parser (``conformance.repro``, the kill matrix) as the
+    table declares them (type, metavar, choices, help); ``defaults`` (by dest) where the tool's own default differs
+    from the plug-in's, said in the help."""
+    unknown = set(flags) - {option.flag for option in OPTIONS}
+    if unknown:
+        raise ValueError(f"not options of the suite: {', '.join(sorted(unknown))}")
+    for option in OPTIONS:
+        if option.flag in flags:
+            default = defaults.get(option.dest, option.default)
+            parser.add_argument(option.flag, type=option.type, default=default, metavar=option.metavar,
+                                choices=option.choices, help=option.help.replace("%", "%%") + (
+                                    f"; here the default is {default}" if option.dest in defaults else ""))
 #: Flags without a value.
 FLAGS = (
     ("--conformance", "run the DeepEP conformance suite (implied by any other option of the suite, or by "

@@ -60,19 +60,20 @@ class Column:
     message: str | None = None
 
     def verdict(self) -> str:
-        """This column's verdict (module docstring)."""
+        """This column's verdict (module docstring), as its string: a tally travels from the xdist workers in
+        ``user_properties``, whose serialisation (execnet) takes plain strings only."""
         if self.suite_errors:
             return SUITE_ERROR
         if self.failed:
-            return Verdict.FAILED
+            return Verdict.FAILED.value
         if self.known_defect:
-            return Verdict.KNOWN_DEFECT
+            return Verdict.KNOWN_DEFECT.value
         if self.divergent:
-            return Verdict.DIVERGENCE
+            return Verdict.DIVERGENCE.value
         if self.held:
-            return Verdict.PASSED
+            return Verdict.PASSED.value
         if self.excluded:
-            return Verdict.UNSUPPORTED
+            return Verdict.UNSUPPORTED.value
         return NOT_CHECKED
 
     def as_dict(self) -> dict[str, Any]:

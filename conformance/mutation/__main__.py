@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from conformance.core.spec import parse_backends
-from conformance.harness.config import DEFAULT_MAX_EXAMPLES, RunConfig
+from conformance.harness.config import RunConfig
+from conformance.harness.options import add_options
 from conformance.harness.session import Session
 from conformance.mutants import load_catalog as load_mutants
 from conformance.mutation.killmatrix import (
@@ -43,13 +44,9 @@ def parse_args(argv: list[str] | None, catalog_ids: list[str]) -> argparse.Names
     parser.add_argument("--report", required=True, help="where the kill matrix (JSON) is written")
     parser.add_argument("--mutants", default=None, help="comma-separated subset of mutants (default: all)")
     parser.add_argument("--properties", default=None, help="comma-separated subset of property ids (default: all)")
-    parser.add_argument("--max-examples", type=int, default=DEFAULT_MAX_EXAMPLES,
-                        help=f"examples per property and mutant (default {DEFAULT_MAX_EXAMPLES}, as the plugin)")
+    add_options(parser, ("--max-examples", "--nodes", "--ranks-per-node", "--example-timeout"),
+                example_timeout=DEFAULT_EXAMPLE_TIMEOUT_S)  # the suite's own, from its table (per property and mutant)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"seed of every draw (default {DEFAULT_SEED})")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--ranks-per-node", type=int, default=2)
-    parser.add_argument("--example-timeout", type=float, default=DEFAULT_EXAMPLE_TIMEOUT_S,
-                        help=f"seconds before an example's ranks count as hung (default {DEFAULT_EXAMPLE_TIMEOUT_S:g})")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes, each with its own world (default 1)")
     parser.add_argument("--first-kill", action="store_true",
                         help="stop each harmful mutant at its first killed property (killed_by then names that one; "
