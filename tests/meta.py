@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from conformance.core.example import Example
+from conformance.harness.config import DEFAULT_MAX_EXAMPLES
 from conformance.harness.session import Session
 
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
@@ -71,9 +72,10 @@ def sample(strategy: st.SearchStrategy[Any], n: int) -> list[Any]:
 
 
 def examples_to_catch(session: Session, property_id: str, mutant: str, strategy: st.SearchStrategy[Any], seed: int,
-                      budget: int = 25) -> int | None:
+                      budget: int = DEFAULT_MAX_EXAMPLES) -> int | None:
     """How many of ``budget`` draws from ``strategy`` (Hypothesis seeded with ``seed``, no shrinking, no database)
-    it takes until ``property_id`` fails with ``mutant`` planted; ``None`` if none of them does."""
+    it takes until ``property_id`` fails with ``mutant`` planted; ``None`` if none of them does.  The budget is a
+    user's run's (``--max-examples``' default): a planted defect is caught within what a run draws."""
     from hypothesis import seed as seeded
 
     state: dict[str, Any] = {"drawn": 0, "caught": None}
