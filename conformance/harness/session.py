@@ -17,7 +17,6 @@ from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
 from conformance.core.ids import backend_of
 from conformance.core.raisers import SuiteError
-from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import (
@@ -262,7 +261,7 @@ class Session:
                                  example.num_max_tokens_per_rank, example.expert_alignment))
         while True:
             try:
-                self._check_on(prop, settings, case, selection)
+                self._check_on(selection, settings, case)
                 return
             except RankTimeout as hang:  # one backend's calls hung: that backend's failure, the others checked again
                 backend = self._contain(hang, case, settings.names)
@@ -273,20 +272,19 @@ class Session:
                 if not settings.backends:
                     return
 
-    def _check_on(self, prop: Property, settings: TaskSettings, case: Any, selection: Selection | None = None
-                  ) -> None:
-        """:meth:`check` of ``prop`` on ``case`` with the backends of ``settings`` (``selection``: ``prop`` against
-        the run's backends, where the caller has it)."""
+    def _check_on(self, selection: Selection, settings: TaskSettings, case: Any) -> None:
+        """:meth:`check` of the selected property on ``case`` with the backends of ``settings``."""
         __tracebackhide__ = True
+        prop = selection.prop
         property_id, recorder = prop.id, self.recorder
         tally = recorder.tally
-        tally.start(settings.names, (selection or Selection(prop, {}, self.config.backends)).pairs(settings.names))
+        tally.start(settings.names, selection.pairs(settings.names))
         try:
             prop.check(self, case, self._results(prop, settings, case))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
             blame = self._blame(failure, settings.names)
             if isinstance(failure, RankRaised) and failure.in_step:
-                self._check_the_others(prop, settings, case, blame)
+                self._check_the_others(selection, settings, case, blame)
             if isinstance(failure, RankFailure) and failure.suite:
                 self.suite_error(blame, failure)
             message = str(failure)
@@ -296,7 +294,7 @@ class Session:
                 tally.known_defect(blame, entry.id)
                 recorder.known_defect_seen(entry, case, "failed", message)
                 if isinstance(failure, AssertionError):  # the check stopped there: the others are checked now
-                    self._check_the_rest(prop, settings, case, done)
+                    self._check_the_rest(selection, settings, case, done)
                 if isinstance(failure, RankFailure) and not failure.in_step:
                     seen = recorder.world_retiring_defects[entry.id] = recorder.world_retiring_defects.get(entry.id,
                                                                                                           0) + 1
@@ -334,17 +332,18 @@ class Session:
         self._note_failure(error)
         raise SuiteError(message) from error
 
-    def _check_the_rest(self, prop: Property, settings: TaskSettings, case: Any, done: set[str]) -> None:
+    def _check_the_rest(self, selection: Selection, settings: TaskSettings, case: Any, done: set[str]) -> None:
         """A known defect of one backend ended the check of an example before the backends after it had their turn
         (run 24a: real-v2's P26 defect left emulated-v2 unchecked on every example): check those on the same case,
         as an example of their own (their task is run again without the others; their known defects, failures and
         hangs counted as any example's)."""
         rest = tuple(spec for spec in settings.backends if spec.name not in done)
         if rest:
-            self._check_on(prop, dataclasses.replace(settings, backends=rest), case)
+            self._check_on(selection, dataclasses.replace(settings, backends=rest), case)
 
 
-    def _check_the_others(self, prop: Property, settings: TaskSettings, case: Any, blame: tuple[str, ...]) -> None:
+    def _check_the_others(self, selection: Selection, settings: TaskSettings, case: Any, blame: tuple[str, ...]
+                          ) -> None:
         """A backend's call raised in step (the world is intact): the task ended on every rank before the other
         backends' results were checked.  Run it again without the backend(s) blamed and check the others, so each
         backend's verdict is about its own calls (a wrapper that always raises leaves the raw APIs beside it
@@ -357,8 +356,9 @@ class Session:
         tally = self.recorder.tally
         while rest:
             names = tuple(spec.name for spec in rest)
-            tally.start(names, self.pairs(names))
+            tally.start(names, selection.pairs(names))
             try:
+                prop = selection.prop
                 prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
             except (AssertionError, RankRaised) as other:
                 if isinstance(other, RankRaised) and not other.in_step:
@@ -437,10 +437,6 @@ class Session:
         """The check of ``backends`` (one, or a pair) ended on this example and held: counted as held even when
         another backend of the example then fails."""
         self.recorder.tally.complete(self.recorder.tally._name(tuple(backends)))
-
-    def pairs(self, names: Any) -> list[tuple[str, str]]:
-        """The pairs of ``names`` (backends with results) a check compares (``core.spec.compared_pairs``)."""
-        return compared_pairs(list(names), self.config.backends)
 
     def checking(self, backends: tuple[str, ...] | None) -> None:
         """The check now looks at ``backends`` (one, or a pair); a failure raised now is charged to them."""
