@@ -409,7 +409,7 @@ def _machine(machine: Machine | None, asked: AskedBackends, deep_ep: str | None)
     if machine is not None:
         return machine
     machine = detect_machine(asked.real or deep_ep == "real")
-    plugins_named = bool(asked.named) and any(spec.plugin or spec.substitute for spec in asked.named or ())
+    plugins_named = any(spec.plugin or spec.substitute for spec in asked.named or ())
     if (deep_ep or plugins_named) and machine.deep_ep.get("error", "").startswith("not probed"):
         from conformance.core.probe import probe_in_subprocess
 
