@@ -17,6 +17,7 @@ from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
 from conformance.core.ids import backend_of
 from conformance.core.raisers import SuiteError
+from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import (
@@ -437,6 +438,12 @@ class Session:
         """The check of ``backends`` (one, or a pair) ended on this example and held: counted as held even when
         another backend of the example then fails."""
         self.recorder.tally.complete(self.recorder.tally._name(tuple(backends)))
+
+    def pairs(self, names: Any) -> list[tuple[str, str]]:
+        """The pairs of ``names`` (backends with results) a check compares (``core.spec.compared_pairs``): the check
+        context's answer, which ``conformance.assertions.for_each_backend`` and P30 look up (a context without it
+        compares consecutive backends)."""
+        return compared_pairs(list(names), self.config.backends)
 
     def checking(self, backends: tuple[str, ...] | None) -> None:
         """The check now looks at ``backends`` (one, or a pair); a failure raised now is charged to them."""
