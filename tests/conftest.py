@@ -121,6 +121,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return LoadGroupScheduling(config, log)
 
 
+@pytest.fixture(scope="session")
+def worker_id(request: pytest.FixtureRequest) -> str:
+    """pytest-xdist's ``worker_id`` (``gw0``...; ``master`` without workers), also where its plug-in is not loaded
+    (``-p no:xdist``), so that the session fixtures below work in both."""
+    return getattr(request.config, "workerinput", {}).get("workerid", "master")
+
+
 @pytest.fixture
 def suite(tmp_path: Path):
     """Callable running the suite with its reports in a temporary directory."""

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from conformance.core.views import DispatchOptions, Raised
 from conformance.tasks.env import RankEnv, rank_task
-from conformance.world.rank import call_context
+from conformance.world.rank import call_context, control_group
 
 #: The ways of making a fresh group, by name: ``dist.new_group`` keyword arguments, and the devices they apply to.
 WAYS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
@@ -32,6 +32,11 @@ def on_fresh_group(env: RankEnv, adapter: Any, way: str) -> Any:
     """A buffer of ``adapter``'s backend on a group made the ``way`` way: the dispatch's view, or what it raised."""
     with call_context(f"fresh group {way}"):  # a crash in the library names the way
         group = dist.new_group(list(range(env.ctx.world_size)), **WAYS[way][0])
+        # every rank has its end of the group before any can close it: a gloo group connects its ranks while it is
+        # made, and a rank whose backend refuses at once would destroy its end while a slower peer still connects
+        # ("Connection closed by peer" there, not the backend's outcome).  On the suite's own group: nothing runs on
+        # the fresh one before the buffer.
+        dist.barrier(group=control_group())
         fresh = type(adapter)(adapter.spec, adapter.module, group, adapter.num_nodes)
         try:
             return fresh.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)[0]
