@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,12 +43,51 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     config.addinivalue_line("markers", "slow: a self-test that runs the suite (or more) in subprocesses: scheduled "
                                        "first, so that the workers end together")
+    config.addinivalue_line("markers", "xdist_group(name): self-tests run on one worker, one after the other (see "
+                                       "xdist_groups; registered here too for runs without pytest-xdist)")
+    if not hasattr(config, "workerinput"):  # the controller (xdist's, or the only process)
+        # in their collection order (the ``slow`` ones first), not the largest group first
+        config.option.loadscopereorder = False
+        fd, groups = tempfile.mkstemp(prefix="selftest-groups-", suffix=".json")
+        os.close(fd)
+        os.environ[GROUPS_ENV] = groups  # the workers, started after this, write there (see below)
+        config.add_cleanup(lambda: Path(groups).unlink(missing_ok=True))
+
+
+#: The session fixtures that run the suite once for several self-tests (a file lock makes every other worker that
+#: asks wait for the first): the self-tests that read one are one xdist group, on one worker, so that no other
+#: worker waits.
+SHARED_RUNS = ("catalog_runs", "planted_run", "both_paths")
+#: Where the workers write the self-tests' xdist groups for the controller's scheduler (a file per session).
+GROUPS_ENV = "CONFORMANCE_SELFTEST_GROUPS"
+
+
+def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
+    """Each grouped self-test's group: its ``xdist_group`` marks and the shared runs it reads (:data:`SHARED_RUNS`)."""
+    groups = {}
+    for item in items:
+        names = {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                 for mark in item.iter_markers("xdist_group")}
+        names.update(name for name in SHARED_RUNS if name in getattr(item, "fixturenames", ()))
+        if names:
+            groups[item.nodeid] = "group:" + "_".join(sorted(names))
+    return groups
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``slow`` self-tests first (a stable sort: otherwise in collection order), so that under xdist the longest
-    ones start at once instead of lengthening the end of the run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The ``slow`` self-tests and the groups (each a unit of several tests on one worker) first, in collection order
+    otherwise (a stable sort), so that under xdist the longest units start at once and the many short tests fill the
+    end of the run instead of lengthening it; a worker writes the groups for the scheduler."""
+    groups = xdist_groups(items)
+    for item in items:  # the ``suite`` fixture runs the suite in a subprocess: slow by definition
+        if "suite" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.nodeid not in groups)
+    if hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
+        path = Path(os.environ[GROUPS_ENV])
+        mine = path.with_name(f"{path.name}.{config.workerinput['workerid']}")
+        mine.write_text(json.dumps(groups))
+        mine.replace(path)  # whole, whichever worker writes last (they collected the same tests)
 
 
 #: Why a self-test may be skipped on a machine, as the run's last line counts them: (pattern of the reason, label).
@@ -114,11 +154,24 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """The self-tests are scheduled by xdist group whatever ``--dist`` says (``--dist loadgroup``): a module marked
-    ``xdist_group`` keeps its costly module fixture (a started world) on one worker."""
-    from xdist.scheduler import LoadGroupScheduling
+    """The self-tests are scheduled by group whatever ``--dist`` says (:func:`xdist_groups`): a module marked
+    ``xdist_group`` keeps its costly module fixture (a started world) on one worker, and the self-tests reading one
+    shared run wait for it on one worker, not on three.  (xdist's own ``--dist loadgroup`` puts the group into the
+    test's id, which pytest 9.2 no longer lets a plug-in change: the groups come from the workers in a file.)"""
+    from xdist.scheduler import LoadScopeScheduling
 
-    return LoadGroupScheduling(config, log)
+    class ByGroup(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # first asked once every worker collected (and wrote the groups)
+                path = os.environ.get(GROUPS_ENV)
+                text = Path(path).read_text() if path and Path(path).exists() else ""
+                self.groups = json.loads(text) if text else {}
+                self.log(f"self-test groups: {len(set(self.groups.values()))} groups of {len(self.groups)} tests")
+            return self.groups.get(nodeid, nodeid)
+
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

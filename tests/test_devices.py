@@ -88,6 +88,7 @@ def test_auto_workers_with_a_shared_gpu_follow_the_cores(monkeypatch) -> None:
     assert auto(rank_setup="shared") is None
 
 
+@pytest.mark.slow  # runs the suite in a subprocess: scheduled first (tests/conftest.py)
 def test_pytest_process_never_initialises_cuda() -> None:
     code = (
         "import sys, pytest, torch\n"

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.installs import target_install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +48,7 @@ def test_the_workflow_passes_actionlint() -> None:
         assert step in text, step
 
 
+@pytest.mark.slow  # runs the suite in a subprocess: scheduled first (tests/conftest.py)
 def test_the_slurm_script_passes_shellcheck_and_runs(tmp_path: Path) -> None:
     proc = subprocess.run([str(Path(shellcheck_dir()) / "shellcheck"), str(SBATCH)], capture_output=True, text=True,
                           timeout=60)
