@@ -75,14 +75,22 @@ def xdist_groups(items: list[pytest.Item]) -> dict[str, str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``slow`` self-tests and the groups (each a unit of several tests on one worker) first, in collection order
-    otherwise (a stable sort), so that under xdist the longest units start at once and the many short tests fill the
-    end of the run instead of lengthening it; a worker writes the groups for the scheduler."""
+    """The groups of the shared runs first, then the ``slow`` self-tests and the other groups (each group a unit of
+    several tests on one worker), the rest after them (a stable sort: otherwise in collection order), so that under
+    xdist the longest units start at once and the many short tests fill the end of the run instead of lengthening
+    it; a worker writes the groups for the scheduler."""
     groups = xdist_groups(items)
     for item in items:  # the ``suite`` fixture runs the suite in a subprocess: slow by definition
         if "suite" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None and item.nodeid not in groups)
+    shared = {group for group in groups.values() if any(name in group for name in SHARED_RUNS)}
+
+    def order(item: pytest.Item) -> int:  # the shared runs' groups are the longest units: first of all
+        if groups.get(item.nodeid) in shared:
+            return 0
+        return 1 if item.get_closest_marker("slow") or item.nodeid in groups else 2
+
+    items.sort(key=order)
     if hasattr(config, "workerinput") and os.environ.get(GROUPS_ENV):
         path = Path(os.environ[GROUPS_ENV])
         mine = path.with_name(f"{path.name}.{config.workerinput['workerid']}")
