@@ -45,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "first, so that the workers end together")
     config.addinivalue_line("markers", "xdist_group(name): self-tests run on one worker, one after the other (see "
                                        "xdist_groups; registered here too for runs without pytest-xdist)")
-    if not hasattr(config, "workerinput"):  # the controller (xdist's, or the only process)
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):  # xdist's controller
         # in their collection order (the ``slow`` ones first), not the largest group first
         config.option.loadscopereorder = False
         fd, groups = tempfile.mkstemp(prefix="selftest-groups-", suffix=".json")
@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # the ``suite`` fixture runs the suite in a subprocess: slow by definition
         if "suite" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
-    shared = {group for group in groups.values() if any(name in group for name in SHARED_RUNS)}
+    shared = {groups[item.nodeid] for item in items if set(SHARED_RUNS) & set(getattr(item, "fixturenames", ()))}
 
     def order(item: pytest.Item) -> int:  # the shared runs' groups are the longest units: first of all
         if groups.get(item.nodeid) in shared:

@@ -355,11 +355,11 @@ class Session:
         if not rest or len(rest) == len(settings.backends):
             return
         tally = self.recorder.tally
+        prop = selection.prop
         while rest:
             names = tuple(spec.name for spec in rest)
             tally.start(names, selection.pairs(names))
             try:
-                prop = selection.prop
                 prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
             except (AssertionError, RankRaised) as other:
                 if isinstance(other, RankRaised) and not other.in_step:
