@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
+from tests import zygote
 from tests.installs import installed_wheel
 from tests.runs import report_of, run_pytest
 
@@ -25,13 +25,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_path: tuple[str, ...] = ()
               ) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run ``pytest <args>`` on the suite in a fresh interpreter; return the process and its JSON report.
-    ``extra_path``: more entries for ``PYTHONPATH`` (after the checkout)."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args]
+    """Run ``pytest <args>`` on the suite in a process of its own (forked from a warm interpreter where that is the
+    same as a fresh one: tests/zygote.py); return the process and its JSON report.  ``extra_path``: more entries for
+    ``PYTHONPATH`` (after the checkout)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), *extra_path)))
     env.pop("CONFORMANCE_DEEP_EP", None)
     env.pop("GITHUB_STEP_SUMMARY", None)  # a self-test's inner run must not write into CI's job summary
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    proc, _ = zygote.run("pytest", ["-q", "-p", "no:cacheprovider", f"--report-dir={report_dir}", *args], cwd=ROOT,
+                         env=env, timeout=timeout)
     report_path = report_dir / "conformance.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     return proc, report

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every process a run under test starts inherits this variable (its value: the run's tag), node agents and ranks
@@ -18,9 +19,10 @@ RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
 
 
 def run_pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,
-               python: str = sys.executable) -> tuple[subprocess.CompletedProcess, float]:
-    """Run pytest in its own process group; fail if any process it started outlives it.  With ``python`` another
-    interpreter (a venv's, with the suite installed) runs it, without the checkout on its path."""
+               python: str = sys.executable, fresh: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """Run pytest in its own process group (forked from a warm interpreter where that is the same as a fresh one:
+    tests/zygote.py; ``fresh``: always a fresh one); fail if any process it started outlives it.  With ``python``
+    another interpreter (a venv's, with the suite installed) runs it, without the checkout on its path."""
     base = {**os.environ, "PYTHONPATH": str(ROOT)}
     if python != sys.executable:
         # a clean venv's torch was installed --no-compile (tests/installs.py): its first process writes the bytecode
@@ -30,16 +32,10 @@ def run_pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = N
             base.pop(name, None)
     env = tagged({**base, **(env or {})})
     started = time.monotonic()
-    proc = subprocess.Popen([python, "-m", "pytest", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
+    proc, pid = zygote.run("pytest", args, cwd=cwd, env=env, timeout=timeout, python=python, fresh=fresh)
     took = time.monotonic() - started
-    assert_group_gone(proc.pid, env[RUN_TAG])
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), took
+    assert_group_gone(pid, env[RUN_TAG])
+    return proc, took
 
 
 def report_of(report_dir: Path, name: str = "conformance.json") -> dict:

@@ -3,14 +3,14 @@ conformance.docs``) and up to date, and no hand-written page names a property id
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from conformance.docs import stale
 from conformance.properties import catalog
+from tests import zygote
 from tests.conftest import ROOT
 
 #: Hand-written pages that may name properties (the kept real runs and reports are history, not docs).
@@ -40,11 +40,10 @@ def test_the_check_fails_and_names_the_command_when_a_block_is_stale(tmp_path: P
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
     readme = tmp_path / "README.md"
     readme.write_text(readme.read_text().replace("| [P2-counts]", "| [P2-count]", 1))
-    proc = subprocess.run([sys.executable, "-m", "conformance.docs", "--root", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc, _ = zygote.run("conformance.docs", ["--root", str(tmp_path)], cwd=ROOT, env=dict(os.environ), timeout=120)
     assert proc.returncode == 1 and "README.md differs" in proc.stderr, proc.stderr
     assert "python -m conformance.docs --write" in proc.stderr
-    written = subprocess.run([sys.executable, "-m", "conformance.docs", "--root", str(tmp_path), "--write"],
-                             cwd=ROOT, capture_output=True, text=True, timeout=120)
+    written, _ = zygote.run("conformance.docs", ["--root", str(tmp_path), "--write"], cwd=ROOT, env=dict(os.environ),
+                            timeout=120)
     assert written.returncode == 0 and "wrote README.md" in written.stdout, written.stdout + written.stderr
     assert readme.read_text() == (ROOT / "README.md").read_text()

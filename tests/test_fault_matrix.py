@@ -174,7 +174,9 @@ def test_installed_plugin_is_a_guest_in_an_unrelated_run(tmp_path: Path) -> None
         folder.mkdir()
         (folder / "test_theirs.py").write_text(GUEST_TEST)
         before = _files(folder)
-        proc, took = _pytest(["-q", "-s", "-p", "no:cacheprovider", *extra], cwd=folder, env={"PYTHONPATH": ""})
+        # a fresh interpreter: what the run has imported (torch?) is what this test reads
+        proc, took = _pytest(["-q", "-s", "-p", "no:cacheprovider", *extra], cwd=folder, env={"PYTHONPATH": ""},
+                             fresh=True)
         assert proc.returncode == 0, proc.stdout[-3000:]
         state = [line for line in proc.stdout.splitlines() if "GUEST-STATE" in line]
         assert len(state) == 1, proc.stdout[-3000:]

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,6 +21,7 @@ from conformance.mutation.killmatrix import exit_status, mutant_entry, property_
 from conformance.mutation.runner import Budget, first_failure, run_property, short_message
 from conformance.tasks.dispatch import dispatch_views
 from conformance.world.errors import RankRaised, RankTimeout
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 P1 = "P1-per-expert-payloads"
@@ -33,11 +33,11 @@ SUMMARY_KEYS = {"harmful", "benign", "harmful_killed", "benign_spared", "survivo
 
 
 def run_cli(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    """Run the mutation CLI in a fresh interpreter; return the process and its report (``{}`` if none)."""
+    """Run the mutation CLI in a process of its own (tests/zygote.py); return the process and its report (``{}``
+    if none)."""
     report = tmp_path / "mutation.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "conformance.mutation", "--report", str(report), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc, _ = zygote.run("conformance.mutation", ["--report", str(report), *args], cwd=ROOT, env=env, timeout=300)
     return proc, (json.loads(report.read_text()) if report.exists() else {})
 
 

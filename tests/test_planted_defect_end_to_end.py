@@ -3,11 +3,11 @@ version gate on a planted regression is tests/test_report_versions.py's gate tes
 three runs that stood here.)"""
 
 import json
-import subprocess
-import sys
+import os
 
 import pytest
 
+from tests import zygote
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
@@ -28,8 +28,7 @@ def test_main_job_reports_a_planted_defect(planted_run) -> None:
     # The reproduction line replays the same failure outside pytest.
     repro = entry["repro"].split(" ", 3)
     assert repro[:3] == ["python", "-m", "conformance.repro"]
-    replay = subprocess.run([sys.executable, "-m", "conformance.repro", *_split(repro[3])], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
+    replay, _ = zygote.run("conformance.repro", _split(repro[3]), cwd=ROOT, env=dict(os.environ), timeout=300)
     assert replay.returncode == 1 and "bytes differ" in replay.stdout, replay.stdout + replay.stderr
 
 
@@ -68,11 +67,9 @@ def test_a_rank_dying_mid_example_is_a_clear_failure_and_the_world_recovers(emul
     assert info.value.culprits == [1] and "exited with code -9" in info.value.per_rank[1]
     assert info.value.per_rank[0]  # the survivor's side too: its traceback (gloo saw the peer go) or stacks
     emulated_session.check("P1-per-expert-payloads", example)  # a fresh world, same session: holds again
-    replay = subprocess.run(
-        [sys.executable, "-m", "conformance.repro", "P1-per-expert-payloads", example.to_json(), "--backends",
-         "emulated", "--device", "cpu", "--mutant", "rank-dies-in-dispatch"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )
+    replay, _ = zygote.run("conformance.repro", ["P1-per-expert-payloads", example.to_json(), "--backends", "emulated",
+                                                 "--device", "cpu", "--mutant", "rank-dies-in-dispatch"],
+                           cwd=ROOT, env=dict(os.environ), timeout=300)
     assert replay.returncode == 1 and "crashed (process died) on rank(s) [1]" in replay.stdout, replay.stdout
 
 
@@ -81,7 +78,6 @@ def test_a_repro_line_naming_the_shape_vocabulary_replays() -> None:
     as given, already on its shapes)."""
     case = ('{"tokens_per_rank":[1,1],"hidden":256,"num_topk":1,"num_experts":2,"expert_alignment":1,'
             '"routing":"random","mask_ratio":0.0,"payload":"integers","seed":0,"num_max_tokens_per_rank":16}')
-    replay = subprocess.run([sys.executable, "-m", "conformance.repro", "P2-counts", case, "--backends", "emulated",
-                             "--device", "cpu", "--shapes", "jit"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    replay, _ = zygote.run("conformance.repro", ["P2-counts", case, "--backends", "emulated", "--device", "cpu",
+                                                 "--shapes", "jit"], cwd=ROOT, env=dict(os.environ), timeout=300)
     assert replay.returncode == 0 and "PASSED P2-counts" in replay.stdout, replay.stdout + replay.stderr
