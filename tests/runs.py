@@ -11,11 +11,9 @@ import time
 from pathlib import Path
 
 from tests import zygote
+from tests.zygote import RUN_TAG
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Every process a run under test starts inherits this variable (its value: the run's tag), node agents and ranks
-#: too, which live in their own session: the check below finds them wherever they are.
-RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
 
 
 def run_pytest(args: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 600,

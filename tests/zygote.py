@@ -35,6 +35,15 @@ HERE = Path(__file__).resolve()
 ENV = "CONFORMANCE_SELFTEST_ZYGOTE"
 #: How often a waiting caller asks about a run.
 POLL_S = 0.05
+#: Every process a run under test starts has this variable (its value: the run's tag, tests/runs.py) in its
+#: ``/proc/PID/environ``, node agents and ranks too, which live in sessions of their own: a check finds them
+#: wherever they are.  A fork shows the environment its interpreter started with, the zygote's: the zygote starts
+#: with a placeholder there, which each run overwrites with its own tag (:func:`_show_tag`).
+RUN_TAG = "CONFORMANCE_SELFTEST_RUN"
+TAG_PLACEHOLDER = "-" * 48
+#: What the zygote imports: torch, pytest, and what the suite's fork server imports first of torch (its PRELOAD).
+PRELOAD = ("pytest", "torch", "torch.distributed", "torch.distributed.launcher.api",
+           "torch.fx.experimental.symbolic_shapes")
 
 
 class Zygote:
@@ -44,9 +53,10 @@ class Zygote:
         requests_r, self._requests = os.pipe()
         self._replies, replies_w = os.pipe()
         self.env = dict(os.environ)
+        env = {k: v for k, v in self.env.items() if k != "PYTHONPATH"}
         self.proc = subprocess.Popen([sys.executable, str(HERE), str(requests_r), str(replies_w)],
                                      stdin=subprocess.DEVNULL, pass_fds=(requests_r, replies_w),
-                                     env={k: v for k, v in self.env.items() if k != "PYTHONPATH"})
+                                     env={**env, RUN_TAG: TAG_PLACEHOLDER})
         os.close(requests_r)
         os.close(replies_w)
         self._out, self._in = os.fdopen(self._requests, "wb"), os.fdopen(self._replies, "rb")
@@ -70,8 +80,9 @@ class Zygote:
 
     def serves(self, env: dict[str, str]) -> bool:
         """Whether a fork of this zygote is what a fresh interpreter with ``env`` would be (see the module)."""
-        def startup(e: dict[str, str]) -> dict[str, str]:
-            return {k: v for k, v in e.items() if k.startswith("PYTHON") and k != "PYTHONPATH"}
+        def startup(e: dict[str, str]) -> dict[str, str]:  # read when the interpreter or torch's libraries load
+            return {k: v for k, v in e.items()
+                    if k.startswith(("PYTHON", "OMP_", "KMP_", "MKL_")) and k != "PYTHONPATH"}
 
         path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         customised = any((Path(p) / f"{name}.py").exists() for p in path for name in ("sitecustomize", "usercustomize"))
@@ -133,9 +144,10 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
     """The zygote's loop: returns only in a run just forked, with its module and arguments."""
     requests, replies = os.fdopen(requests_fd, "rb"), os.fdopen(replies_fd, "wb")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the self-test process's to handle
-    import pytest  # noqa: F401  (what every run imports first: not a plug-in)
-    import torch  # noqa: F401
+    import importlib
 
+    for name in PRELOAD:  # never the suite nor a pytest plug-in (see the module)
+        importlib.import_module(name)
     base_path = list(sys.path)  # the interpreter's own
     done: dict[int, int] = {}
     live: set[int] = set()
@@ -197,6 +209,46 @@ def _become(env: dict[str, str], cwd: str, stdout: str, stderr: str, base_path: 
     sys.path[:] = [os.getcwd(), *extra, *base_path]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     sys.path_importer_cache.clear()
+    if env.get(RUN_TAG):
+        _show_tag(env[RUN_TAG])
+    _start_fork_server()
+
+
+def _show_tag(tag: str) -> None:
+    """Write ``RUN_TAG=tag`` over the zygote's placeholder in this process's start-up environment (the memory
+    ``/proc/PID/environ`` reads, which every fork of this process copies)."""
+    entry = f"{RUN_TAG}={TAG_PLACEHOLDER}".encode()
+    shown = Path("/proc/self/environ").read_bytes()
+    at = (b"\0" + shown).find(b"\0" + entry + b"\0")
+    new = f"{RUN_TAG}={tag}".encode() + b"\0"
+    if at < 0 or len(new) > len(entry) + 1:
+        raise RuntimeError(f"the zygote cannot show the run's tag {tag!r} (placeholder not found or too short)")
+    stat = Path("/proc/self/stat").read_text()
+    env_start = int(stat[stat.rindex(")") + 2:].split()[47])  # field 50: env_start
+    ctypes.memmove(env_start + at, new, len(new))
+
+
+def _start_fork_server() -> None:
+    """Fork the run's fork server (``conformance.serve.forkserver``) now, from this clean state, for the suite to
+    adopt at its first use (``STARTED_ENV`` there) instead of starting one: it finds torch imported."""
+    import torch
+
+    requests_r, requests_w = os.pipe()
+    replies_r, replies_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(requests_w)
+        os.close(replies_r)
+        os.environ["OMP_NUM_THREADS"] = "1"  # what the suite starts its server with
+        torch.set_num_threads(1)
+        import runpy
+
+        sys.argv = ["conformance.serve.forkserver", str(requests_r), str(replies_w)]
+        runpy.run_module("conformance.serve.forkserver", run_name="__main__", alter_sys=True)
+        sys.exit(0)
+    os.close(requests_r)
+    os.close(replies_w)
+    os.environ["CONFORMANCE_FORK_SERVER_STARTED"] = f"{os.getpid()}:{pid}:{requests_w}:{replies_r}"
 
 
 def main() -> None:

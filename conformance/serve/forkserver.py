@@ -43,6 +43,11 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.launcher.api", "torc
 ENV = "CONFORMANCE_FORK_SERVER"
 #: How often a waiting caller asks the server about a helper.
 POLL_S = 0.02
+#: A server already started for this process, to adopt at the first use instead of starting one:
+#: ``PID:SERVER_PID:REQUESTS_FD:REPLIES_FD`` (PID: the process it is for; any other ignores it).  The self-tests start
+#: their runs forked from a warm interpreter and fork each one's server beside it, before the run imports anything
+#: (``tests/zygote.py``); the server is this module's, as started here.
+STARTED_ENV = "CONFORMANCE_FORK_SERVER_STARTED"
 
 
 def enabled() -> bool:
@@ -57,14 +62,19 @@ class ForkServer:
     """The controller's side of its fork server: one request at a time (a lock), from any thread."""
 
     def __init__(self) -> None:
-        requests_r, self._requests = os.pipe()
-        self._replies, replies_w = os.pipe()
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what a node agent gets (libgomp reads it when torch loads)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "conformance.serve.forkserver", str(requests_r), str(replies_w)],
-            stdin=subprocess.DEVNULL, pass_fds=(requests_r, replies_w), env=env)
-        os.close(requests_r)
-        os.close(replies_w)
+        started = _started()
+        if started:
+            self.proc: subprocess.Popen | _Started = _Started(started[0])
+            self._requests, self._replies = started[1:]
+        else:
+            requests_r, self._requests = os.pipe()
+            self._replies, replies_w = os.pipe()
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what a node agent gets (libgomp reads it when torch loads)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "conformance.serve.forkserver", str(requests_r), str(replies_w)],
+                stdin=subprocess.DEVNULL, pass_fds=(requests_r, replies_w), env=env)
+            os.close(requests_r)
+            os.close(replies_w)
         self._out = os.fdopen(self._requests, "wb")
         self._in = os.fdopen(self._replies, "rb")
         self._lock = threading.Lock()
@@ -94,6 +104,46 @@ class ForkServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def _started() -> tuple[int, int, int] | None:
+    """The server started for this process (:data:`STARTED_ENV`, taken once): its pid and this side's two pipes."""
+    value = os.environ.pop(STARTED_ENV, "")
+    fields = value.split(":")
+    if len(fields) != 4 or not all(f.isdigit() for f in fields) or int(fields[0]) != os.getpid():
+        return None
+    return int(fields[1]), int(fields[2]), int(fields[3])
+
+
+class _Started:
+    """A server started for this process (a child of it), with what :class:`ForkServer` uses of ``Popen``."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+            else:
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
+            time.sleep(POLL_S)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
 
 
 _server: list[ForkServer] = []
