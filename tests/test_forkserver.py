@@ -119,3 +119,12 @@ def test_ctrl_c_is_the_controllers_and_a_helper_has_pythons_handler(tmp_path: Pa
         assert not _alive(pid)
     finally:
         server.close()
+
+
+def test_a_server_started_for_this_process_is_adopted_once_and_only_by_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``STARTED_ENV`` (the self-tests' zygote forks each run's server beside it): taken once, and only by the
+    process it names; any other starts its own."""
+    monkeypatch.setenv(forkserver.STARTED_ENV, f"{os.getpid() + 1}:99:3:4")  # another process's (a child's copy)
+    assert forkserver._started() is None and forkserver.STARTED_ENV not in os.environ
+    monkeypatch.setenv(forkserver.STARTED_ENV, f"{os.getpid()}:99:3:4")
+    assert forkserver._started() == (99, 3, 4) and forkserver.STARTED_ENV not in os.environ

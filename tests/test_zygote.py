@@ -21,6 +21,16 @@ print(json.dumps({"path": sys.path[:3], "cwd": os.getcwd(), "argv": sys.argv[1:]
 print("to stderr", file=sys.stderr)
 sys.exit(3)
 """
+#: A module that reports the fork server it gets: the one forked beside it (a child of it), else one it starts.
+SERVER_PROBE = """\
+import json, os
+from conformance.serve import forkserver
+server = forkserver.server()
+helper = forkserver.run_module("json.tool", ["--help"], timeout_s=60).returncode
+print(json.dumps({"adopted": type(server.proc).__name__ == "_Started", "pid": server.proc.pid,
+                  "parent": int(open(f"/proc/{server.proc.pid}/stat").read().rsplit(")", 1)[1].split()[1]),
+                  "me": os.getpid(), "helper": helper}))
+"""
 
 
 def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork: bool) -> tuple[subprocess.CompletedProcess, dict]:
@@ -39,6 +49,20 @@ def test_a_forked_run_sees_what_a_fresh_interpreter_sees(tmp_path: Path, monkeyp
     assert seen.pop("torch") is True and expected.pop("torch") is False  # forked: the one thing a fork saves
     assert seen == expected, (seen, expected)
     assert seen["path"][:2] == [str(tmp_path), str(tmp_path / "mods")] and seen["own_session"]
+
+
+def test_a_forked_run_adopts_the_fork_server_forked_beside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    (tmp_path / "zyg_server.py").write_text(SERVER_PROBE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(tmp_path), str(Path(zygote.HERE).parent.parent))))
+    seen = {}
+    for mode in ("on", "off"):
+        monkeypatch.setenv(zygote.ENV, mode)
+        proc, _ = zygote.run("zyg_server", [], cwd=tmp_path, env=env, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        seen[mode] = json.loads(proc.stdout.splitlines()[-1])
+    assert seen["on"]["adopted"] and seen["on"]["parent"] == seen["on"]["me"] and seen["on"]["helper"] == 0
+    assert not seen["off"]["adopted"] and seen["off"]["parent"] == seen["off"]["me"] and seen["off"]["helper"] == 0
 
 
 def test_what_a_fork_cannot_give_runs_fresh(tmp_path: Path) -> None:
