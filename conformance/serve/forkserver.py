@@ -59,19 +59,24 @@ def enabled() -> bool:
 
 
 class ForkServer:
-    """The controller's side of its fork server: one request at a time (a lock), from any thread."""
+    """The controller's side of its fork server: one request at a time (a lock), from any thread.  ``command`` and
+    ``env``: another server speaking the same protocol (the self-tests' zygote, ``tests/zygote.py``), started with
+    its two pipes' descriptors appended to ``command``; ``name``: what its errors call it."""
 
-    def __init__(self) -> None:
-        started = _started()
+    def __init__(self, command: list[str] | None = None, env: dict[str, str] | None = None,
+                 name: str = "the fork server") -> None:
+        self.name = name
+        started = _started() if command is None else None
         if started:
             self.proc: subprocess.Popen | _Started = _Started(started[0])
             self._requests, self._replies = started[1:]
         else:
             requests_r, self._requests = os.pipe()
             self._replies, replies_w = os.pipe()
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}  # what a node agent gets (libgomp reads it when torch loads)
+            if env is None:  # what a node agent gets (libgomp reads it when torch loads)
+                env = {**os.environ, "OMP_NUM_THREADS": "1"}
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "conformance.serve.forkserver", str(requests_r), str(replies_w)],
+                [*(command or [sys.executable, "-m", "conformance.serve.forkserver"]), str(requests_r), str(replies_w)],
                 stdin=subprocess.DEVNULL, pass_fds=(requests_r, replies_w), env=env)
             os.close(requests_r)
             os.close(replies_w)
@@ -87,7 +92,7 @@ class ForkServer:
                 self._out.flush()
                 reply = pickle.load(self._in)
             except (EOFError, OSError, pickle.UnpicklingError) as e:
-                raise RuntimeError(f"the fork server (pid {self.proc.pid}) is gone (exit status {self.proc.poll()}): "
+                raise RuntimeError(f"{self.name} (pid {self.proc.pid}) is gone (exit status {self.proc.poll()}): "
                                    f"{type(e).__name__}: {e}") from e
         if isinstance(reply, BaseException):
             raise reply
