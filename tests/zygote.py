@@ -13,10 +13,10 @@ or a ``sitecustomize`` on the run's ``PYTHONPATH`` (``site`` imports it at start
 the runs share the zygote's string-hash seed.  This module is the self-test process's side; the zygote's is
 ``tests/zygote_server.py``.
 
-The protocol is the suite's own fork server's (``conformance.serve.forkserver``, whose client this one is: pickles
-over two pipes, one request at a time, ``start`` / ``poll``); the zygote's loop is its own (it must not import the
-suite); the zygote kills its runs and exits when its client's end of the pipe closes (the self-test process ended or
-died), and each run dies with the zygote (PDEATHSIG)."""
+The protocol is the suite's own fork server's (``conformance.serve.forkserver``, whose client this one is and whose
+``Forked`` a run is: pickles over two pipes, one request at a time, ``start`` / ``poll``); the zygote's loop is its
+own (it must not import the suite); the zygote kills its runs and exits when its client's end of the pipe closes
+(the self-test process ended or died), and each run dies with the zygote (PDEATHSIG)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
-from conformance.serve.forkserver import ForkServer
+from conformance.serve.forkserver import Forked, ForkServer
 from tests.zygote_server import HERE, RUN_TAG, TAG_PLACEHOLDER
 
 #: ``off``: every inner run is a fresh interpreter.
 ENV = "CONFORMANCE_SELFTEST_ZYGOTE"
-#: How often a waiting caller asks about a run.
-POLL_S = 0.05
 
 
 class Zygote(ForkServer):
@@ -93,17 +90,14 @@ def run(module: str, args: list[str], *, cwd: Path, env: dict[str, str], timeout
         return subprocess.CompletedProcess(cmd, proc.returncode, out, err), proc.pid
     with tempfile.TemporaryDirectory(prefix="selftest-zygote-") as folder:
         out_path, err_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        pid = server.ask("start", module, list(args), dict(env), str(cwd), out_path, err_path)
-        assert isinstance(pid, int)
-        deadline = time.monotonic() + timeout
-        while (code := server.ask("poll", pid)) is None:
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-                while server.ask("poll", pid) is None:
-                    time.sleep(POLL_S)
-                raise subprocess.TimeoutExpired(cmd, timeout)
-            time.sleep(POLL_S)
-        assert isinstance(code, int)
+        child = Forked(module, args, env=env, cwd=str(cwd), new_session=True, stdout=out_path, stderr=err_path,
+                       via=server)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
         out, err = Path(out_path).read_text(errors="replace"), Path(err_path).read_text(errors="replace")
-    return subprocess.CompletedProcess(cmd, code, out, err), pid
+    return subprocess.CompletedProcess(cmd, code, out, err), child.pid

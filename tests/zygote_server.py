@@ -55,12 +55,12 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
         reply: object
         try:
             if request[0] == "start":
-                _, module, args, env, cwd, stdout, stderr = request
+                _, module, args, env, cwd, new_session, stdout, stderr = request
                 pid = os.fork()
                 if pid == 0:
                     requests.close()
                     replies.close()
-                    _become(env, cwd, stdout, stderr, base_path)
+                    _become(env, cwd, new_session, stdout, stderr, base_path)
                     return module, args
                 live.add(pid)
                 reply = pid
@@ -74,9 +74,11 @@ def _serve(requests_fd: int, replies_fd: int) -> tuple[str, list[str]]:
         replies.flush()
 
 
-def _become(env: dict[str, str], cwd: str, stdout: str, stderr: str, base_path: list[str]) -> None:
+def _become(env: dict[str, str], cwd: str, new_session: bool, stdout: str, stderr: str, base_path: list[str]
+            ) -> None:
     """In a run just forked: what ``python -m`` in a fresh interpreter started with ``env`` in ``cwd`` has."""
-    os.setsid()
+    if new_session:
+        os.setsid()
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the zygote
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.chdir(cwd)

@@ -68,7 +68,7 @@ class ForkServer:
         self.name = name
         started = _started() if command is None else None
         if started:
-            self.proc: subprocess.Popen | _Started = _Started(started[0])
+            self.proc: subprocess.Popen | _Process = _Started(started[0])
             self._requests, self._replies = started[1:]
         else:
             requests_r, self._requests = os.pipe()
@@ -120,68 +120,16 @@ def _started() -> tuple[int, int, int] | None:
     return int(fields[1]), int(fields[2]), int(fields[3])
 
 
-class _Started:
-    """A server started for this process (a child of it), with what :class:`ForkServer` uses of ``Popen``."""
+class _Process:
+    """What the suite uses of ``subprocess.Popen`` (``pid``, ``args``, ``returncode``, ``poll``, ``wait``, ``kill``,
+    ``terminate``, ``send_signal``) for a process that is not a ``Popen``: a subclass says how to ``poll`` it."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-            except ChildProcessError:
-                self.returncode = -signal.SIGKILL
-            else:
-                if done:
-                    self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
-            time.sleep(POLL_S)
-        return self.returncode  # type: ignore[return-value]
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-
-_server: list[ForkServer] = []
-_server_lock = threading.Lock()
-
-
-def server() -> ForkServer:
-    """This process's fork server, started at its first use (again if it died, or in a forked copy of a process)."""
-    with _server_lock:
-        if not _server or not _server[0].alive():
-            _server[:] = [ForkServer()]
-        return _server[0]
-
-
-class Forked:
-    """A helper forked by the server, with what the suite uses of ``subprocess.Popen``: ``pid``, ``args``,
-    ``returncode``, ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``."""
-
-    def __init__(self, module: str, args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
-                 new_session: bool = False, stdout: str | None = None, stderr: str | None = None) -> None:
-        self.args = [sys.executable, "-m", module, *args]
-        self.returncode: int | None = None
-        self._server = server()
-        self.pid: int = self._server.ask("start", module, list(args), dict(os.environ if env is None else env),
-                                         cwd or os.getcwd(), new_session, stdout, stderr)
+    pid: int
+    args: list[str] | str
+    returncode: int | None = None
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            try:
-                self.returncode = self._server.ask("poll", self.pid)
-            except RuntimeError:  # the server died: its helpers died with it (PDEATHSIG)
-                self.returncode = -signal.SIGKILL
-        return self.returncode
+        raise NotImplementedError
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -201,6 +149,56 @@ class Forked:
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
+
+
+class _Started(_Process):
+    """A server started for this process (a child of it)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.args = pid, f"fork server {pid}"
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                self.returncode = -signal.SIGKILL
+            else:
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+
+_server: list[ForkServer] = []
+_server_lock = threading.Lock()
+
+
+def server() -> ForkServer:
+    """This process's fork server, started at its first use (again if it died, or in a forked copy of a process)."""
+    with _server_lock:
+        if not _server or not _server[0].alive():
+            _server[:] = [ForkServer()]
+        return _server[0]
+
+
+class Forked(_Process):
+    """A helper forked by the server (``via``: another server of the same protocol, the self-tests' zygote)."""
+
+    def __init__(self, module: str, args: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+                 new_session: bool = False, stdout: str | None = None, stderr: str | None = None,
+                 via: ForkServer | None = None) -> None:
+        self.args = [sys.executable, "-m", module, *args]
+        self._server = via or server()
+        self.pid = self._server.ask("start", module, list(args), dict(os.environ if env is None else env),
+                                    cwd or os.getcwd(), new_session, stdout, stderr)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self._server.ask("poll", self.pid)
+            except RuntimeError:  # the server died: its helpers died with it (PDEATHSIG)
+                self.returncode = -signal.SIGKILL
+        return self.returncode
 
 
 def run_module(module: str, args: list[str], *, timeout_s: float, env: dict[str, str] | None = None
