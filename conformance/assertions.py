@@ -202,10 +202,13 @@ def per_supported_backend(recorder: RecordsUnsupported, per_rank: list[dict[str,
 def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[dict[str, Any]],
                         check: Callable[[int, str, Any], Any]) -> None:
     """Every rank of one backend, then the next, each backend to its end: one that held is counted as held (the
-    context's ``complete``) even when another fails; the first failure is raised once every backend was checked."""
+    context's ``complete``) even when another fails; once every backend was checked, the first failure is raised,
+    carrying every backend's (``failed_columns``: ``{backend: message}``; ``column_failures``: ``{backend:
+    AssertionError}``), so that each failing backend is charged its own (the session counts a known defect among
+    them apart)."""
     __tracebackhide__ = True
     complete = getattr(recorder, "complete", None)
-    first: tuple[str, AssertionError] | None = None
+    failures: dict[str, AssertionError] = {}
     for backend in (per_rank[0] if per_rank else {}):
         try:
             for rank, per_backend in enumerate(per_rank):
@@ -216,13 +219,16 @@ def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[
                 recorder.checking((backend,))
                 check(rank, backend, result)
         except AssertionError as failure:
-            first = first or (backend, failure)
+            failures[backend] = failure
             continue
         if complete is not None and not any(isinstance(r[backend], Unsupported) for r in per_rank):
             complete((backend,))
-    recorder.checking((first[0],) if first else None)
-    if first is not None:
-        raise first[1]
+    recorder.checking((next(iter(failures)),) if failures else None)
+    if failures:
+        first = next(iter(failures.values()))
+        first.failed_columns = {name: str(f) for name, f in failures.items()}  # type: ignore[attr-defined]
+        first.column_failures = failures  # type: ignore[attr-defined]
+        raise first
 
 
 def consecutive_pairs(names: Sequence[str]) -> list[tuple[str, str]]:

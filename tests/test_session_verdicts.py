@@ -17,3 +17,19 @@ def test_a_known_defect_of_one_backend_leaves_the_others_checked(suite) -> None:
     emulated, cls = p26["verdicts"]["emulated-v2"], p26["verdicts"][CLASS]
     assert emulated["status"] == "known-defect" and emulated["checked"] == emulated["known_defect"] >= 2, emulated
     assert cls["status"] == "passed" and cls["checked"] == cls["held"] == emulated["checked"], cls  # (before: 0/0)
+
+
+def test_several_backends_failing_one_example_each_get_their_own_verdict() -> None:
+    """One example on which one backend held, one failed as its known defect says and two failed otherwise (a check
+    that judged every backend before raising, e.g. P25's): each column counted once, as what it did."""
+    from conformance.harness.verdicts import Tally
+
+    tally = Tally()
+    tally.start(("a", "b", "c", "d"), [])
+    tally.complete("a")
+    tally.failed(("c", "d"), "c broke", {"c": "c broke", "d": "d broke"}, known={"b": "b-defect"})
+    columns = tally.as_dict()
+    assert {name: c["status"] for name, c in columns.items()} == {
+        "a": "passed", "b": "known-defect", "c": "failed", "d": "failed"}
+    assert [columns[n]["checked"] for n in "abcd"] == [1, 1, 1, 1]
+    assert (columns["b"]["defects"], columns["d"]["message"]) == ({"b-defect": 1}, "d broke")

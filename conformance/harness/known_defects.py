@@ -117,6 +117,18 @@ class KnownDefects:
                 return entry
         return None
 
+    def beneath(self, property_id: str, case: Any, message: str) -> KnownDefect | None:
+        """The library's own known defect a failure of a class backend (``v1=pkg.mod:Class``, not the library's own
+        class) looks like: an entry of ``property_id`` on one of the library's APIs (whichever the class is built
+        on: a V1 facade over V2 passes V2's defects on), whose condition ``case`` meets and whose message
+        expression (required here) ``message`` matches.  Named in the class's failure, never its verdict: the
+        class's failure stays its own."""
+        for entry in self.for_property(property_id):
+            if entry.backend in versions.APIS and entry.message and entry.case_meets(case) \
+                    and entry.message_matches(message):
+                return entry
+        return None
+
     def reached(self, property_id: str, columns: tuple[str, ...], case: Any) -> list[KnownDefect]:
         """The entries of ``property_id`` whose condition ``case`` meets on one of ``columns``."""
         return [e for e in self.for_property(property_id)

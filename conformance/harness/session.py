@@ -289,7 +289,23 @@ class Session:
             if isinstance(failure, RankFailure) and failure.suite:
                 self.suite_error(blame, failure)
             message = str(failure)
-            entry = self.known_defects.match(property_id, blame, case, message)
+            apart = self._known_apart(property_id, failure, case)
+            known: dict[str, str] = {}
+            entry = None if apart is not None else self.known_defects.match(property_id, blame, case, message)
+            if apart:  # several backends failed, some of them as their known defects say: those counted apart
+                for column, seen in apart.items():
+                    known[column] = seen.id
+                    recorder.known_defect_seen(seen, case, "failed", failure.failed_columns[column])
+                left = [column for column in blame if column not in apart]
+                if not left:
+                    done = set(blame) | set(tally.completed)
+                    tally.failed((), known=known)
+                    self._check_the_rest(selection, settings, case, done)
+                    return
+                messages = {column: failure.failed_columns[column] for column in left}
+                failure = failure.column_failures[left[0]]
+                failure.failed_columns = messages
+                blame, message = tuple(left), messages[left[0]]
             if entry is not None:
                 done = set(blame) | set(tally.completed)  # the columns this example has a verdict for
                 tally.known_defect(blame, entry.id)
@@ -302,8 +318,19 @@ class Session:
                     if seen >= KNOWN_DEFECT_RESTARTS:
                         raise KnownDefectStop(entry.id, seen) from None
                 return
-            tally.failed(blame, message, getattr(failure, "failed_columns", None))
+            messages = getattr(failure, "failed_columns", None) or {}
+            for column in blame:
+                note = self._library_beneath(property_id, column, case, messages.get(column) or message)
+                if note and column in messages:
+                    messages[column] += "\n" + note
+                if note and column == blame[0]:
+                    message += "\n" + note
+                    if hasattr(failure, "add_note"):  # Python >= 3.11: pytest shows it under the failure
+                        failure.add_note(note)
+            tally.failed(blame, message, messages or None, known=known)
             self._note_failure(failure)
+            if apart:
+                raise failure from None  # (the failure of the first backend that is not a known defect)
             raise
         except RankFailure as failure:  # a crash or hang
             tally.failed(self._blame(failure, settings.names), str(failure))
@@ -317,6 +344,30 @@ class Session:
         for entry in self.known_defects.reached(property_id, checked, case):
             recorder.known_defect_seen(entry, case, "held")
         tally.held()
+
+    def _known_apart(self, property_id: str, failure: BaseException, case: Any) -> dict[str, KnownDefect] | None:
+        """For a failure of several backends judged one by one (``column_failures``, :func:`conformance.assertions.
+        for_each_backend`): the known defect each column's own failure matches (``{column: entry}``, those that
+        match one); ``None`` for a failure of one backend or charged to several together."""
+        failures = getattr(failure, "column_failures", None)
+        if not isinstance(failure, AssertionError) or not failures or len(failures) < 2:
+            return None
+        apart = {column: self.known_defects.match(property_id, (column,), case, str(f))
+                 for column, f in failures.items()}
+        return {column: entry for column, entry in apart.items() if entry is not None}
+
+    def _library_beneath(self, property_id: str, column: str, case: Any, message: str) -> str:
+        """For a failure of a class backend (``v1=pkg.mod:Class``, not the library's own class): the library's known
+        defect it looks like, in words (:meth:`KnownDefects.beneath`), or ``""``."""
+        spec = next((spec for spec in self.config.backends if spec.name == column), None)
+        if spec is None or not spec.substitute or spec.library:
+            return ""
+        entry = self.known_defects.beneath(property_id, case, message)
+        if entry is None:
+            return ""
+        return (f"Beneath it, the library's own known defect {entry.id} ({entry.backend.upper()} API): {entry.wrong} "
+                f"The class passes it on to its users: the failure is the class's (the library's known defects are "
+                f"the verdicts of the library's own backends only).")
 
     def suite_error(self, blame: tuple[str, ...], error: BaseException) -> None:
         """The suite's own code raised while checking ``blame`` (on a rank: ``RankFailure.suite``; here: any exception

@@ -151,8 +151,9 @@ class Tally:
         self._count_exclusions()
 
     def failed(self, blame: tuple[str, ...], message: str | None = None,
-               messages: dict[str, str] | None = None) -> None:
-        """The example failed on ``blame`` (``message``: why; ``messages``: a column's own, where several failed);
+               messages: dict[str, str] | None = None, known: dict[str, str] | None = None) -> None:
+        """The example failed on ``blame`` (``message``: why; ``messages``: a column's own, where several failed;
+        ``known``: other columns of the same example that failed as a known defect says, ``{column: defect id}``);
         the other columns were not checked to the end (but those whose check had completed)."""
         for name in blame:
             column = self.column(name)
@@ -160,7 +161,9 @@ class Tally:
             column.failed += 1
             own = (messages or {}).get(name) or message
             column.message = column.message or (own and own[:MESSAGE_CHARS])
-        self._count_completed(blame)
+        for name, defect_id in (known or {}).items():
+            self._known(name, defect_id)
+        self._count_completed((*blame, *(known or {})))
         self._count_exclusions()
 
     def suite_error(self, blame: tuple[str, ...], message: str | None = None) -> None:
@@ -176,12 +179,15 @@ class Tally:
     def known_defect(self, blame: tuple[str, ...], defect_id: str) -> None:
         """The example failed on ``blame`` the way known defect ``defect_id`` says."""
         for name in blame:
-            column = self.column(name)
-            column.checked += 1
-            column.known_defect += 1
-            column.defects[defect_id] = column.defects.get(defect_id, 0) + 1
+            self._known(name, defect_id)
         self._count_completed(blame)
         self._count_exclusions()
+
+    def _known(self, name: str, defect_id: str) -> None:
+        column = self.column(name)
+        column.checked += 1
+        column.known_defect += 1
+        column.defects[defect_id] = column.defects.get(defect_id, 0) + 1
 
     # ---------------------------------------------------------------------------------------- helpers
     def _count_completed(self, blame: tuple[str, ...]) -> None:

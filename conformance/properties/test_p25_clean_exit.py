@@ -47,7 +47,11 @@ def check(ctx: CheckContext, case: ExitCase, per_rank: list[dict[str, Any]]) -> 
                  "before its dispatch and combine returned")
         culprit = (" A defect of the wrapper: its processes cannot end cleanly the way its users end a run (it "
                    "leaves its buffer to the garbage collector after the group is gone, or its teardown does not "
-                   "release it)." if result["plugin"] else "")
+                   "release it)." if result["plugin"] else
+                   " A defect of the class: its processes cannot end cleanly the way its API's users end a run (the "
+                   "end of the run above is one its API allows)." if result["class"] else "")
+        if not result["calls_done"]:  # its calls failed (the output below), not its end
+            culprit = ""
         if torch_gloo_exit_abort(result):
             culprit += (f" The abort is torch's gloo teardown (a process group still referenced at exit, after "
                         f"destroy_process_group()), {result['attempts']} attempts in a row: the backend keeps its "

@@ -152,6 +152,7 @@ def _result(env: RankEnv, name: str, case: ExitCase, pid: int, output: str, dead
         "end": next((line[len(ENDING):] for line in text.splitlines() if line.startswith(ENDING)),
                     describe_end(env.spec(name), case.scenario)),
         "plugin": env.spec(name).plugin,
+        "class": env.spec(name).substitute and not env.spec(name).library,  # a class backend not the library's own
         "attempts": 1,
     }
 

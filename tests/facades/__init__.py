@@ -6,8 +6,8 @@ test input, written from DeepEP's documented API (never copied from a published 
   ``ElasticBuffer`` that forwards the rest through ``__getattr__`` (``ForwardingBuffer``, constructed by the one-line
   adapter ``ForwardingBufferOnGroup``);
 - :mod:`tests.facades.defective`: the faithful facade with one planted defect each (a discarded ``num_experts``,
-  ``None`` per-expert counts, a second ``destroy()`` that succeeds and a use after destroy that raises the wrong
-  thing).
+  ``None`` per-expert counts, a second ``destroy()`` that succeeds, a use after destroy that raises the wrong
+  thing, and V1's ``explicitly_destroy=False`` handed to V2 as is: V2's known exit defect passed on).
 
 They import ``deep_ep`` as the ranks resolve it (``--deep-ep emulation`` in the self-tests: the emulated V2).
 """

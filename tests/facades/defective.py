@@ -8,13 +8,17 @@ and leave the other backends' verdicts as they are (tests/test_facades.py).
   returns ``num_recv_tokens_per_expert_list=None``;
 - :class:`DestroysTwice`: a second ``destroy()`` succeeds (V1 refuses it with ``AttributeError``);
 - :class:`WrongErrorAfterDestroy`: a dispatch after ``destroy()`` fails in the facade's own bookkeeping with a
-  ``RuntimeError`` from ``max()`` instead of V1's ``AttributeError``.
+  ``RuntimeError`` from ``max()`` instead of V1's ``AttributeError``;
+- :class:`LeavesBufferToCollector`: the ``explicitly_destroy`` a V1 caller passes is handed to V2 as is, so a facade
+  never destroyed (a module global) leaves its ``ElasticBuffer`` to be collected after ``destroy_process_group()``:
+  V2's own known defect ``v2-buffer-outlives-process-group`` takes the process down at exit, where V1 ends cleanly.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import deep_ep
 import torch
 
 from tests.facades.faithful import ElasticBackedBuffer
@@ -68,3 +72,12 @@ class WrongErrorAfterDestroy(ElasticBackedBuffer):
         if self._rows_seen is not None:  # destroyed: the facade's own bookkeeping, emptied by destroy()
             torch.max(self._rows_seen)  # the defect: RuntimeError (max() of an empty tensor) instead of a refusal
         return super().dispatch(x, *args, **kwargs)
+
+
+class LeavesBufferToCollector(ElasticBackedBuffer):
+    """Defect: V1's ``explicitly_destroy=False`` handed to V2 as is: the V2 buffer's own destructor destroys it, on
+    a destroyed group when it is collected at the interpreter's exit (V2's known defect, passed on)."""
+
+    def _own(self, group: Any, explicitly_destroy: bool, **options: Any) -> Any:
+        self.explicitly_destroy = explicitly_destroy
+        return deep_ep.ElasticBuffer(group, deterministic=True, explicitly_destroy=explicitly_destroy, **options)

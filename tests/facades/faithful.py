@@ -21,9 +21,17 @@ What the facade does for a V1 caller, from the two APIs' documentation:
 - the handle is the facade's own, opaque: any look inside it (``len``, indexing, an attribute) raises, so that a
   suite that reads V1 handle tuples fails on it;
 - after ``destroy()`` the V2 buffer is gone: every call raises ``AttributeError`` as V1's does (a second
-  ``destroy()`` too).  Low-latency mode, shrink mode, ``num_worst_tokens`` and explicit ``config`` objects are not
-  offered: the facade says so by not having the calls (low latency) and declares what it implements
-  (``conformance_capabilities``, read by the suite).
+  ``destroy()`` too);
+- the end of a run as V1 promises it (P25): a facade built with ``explicitly_destroy=False`` and never destroyed (a
+  module global) ends its process cleanly, even when collected after ``destroy_process_group()``.  V2's own
+  ``ElasticBuffer`` built so would run ``destroy()`` in its destructor on the destroyed group's communicator and take
+  the process down (the known defect ``v2-buffer-outlives-process-group``), so a facade that builds its buffer
+  builds it with ``explicitly_destroy=True`` and releases it itself: in its destructor while the group lives, else
+  never (the process's end reclaims it; V2 prints its "can leak resources" warning).
+
+Low-latency mode, shrink mode, ``num_worst_tokens`` and explicit ``config`` objects are not offered: the facade says
+so by not having the calls (low latency) and declares what it implements (``conformance_capabilities``, read by the
+suite).
 """
 
 from __future__ import annotations
@@ -62,6 +70,15 @@ class OpaqueHandle:
         raise TypeError("the facade's handle is opaque: pass it back to dispatch/combine, do not unpack it")
 
 
+def _group_alive(group: Any) -> bool:
+    """Whether ``group`` still exists (``destroy_process_group()`` forgets it: its ranks are looked up no more)."""
+    try:
+        dist.get_process_group_ranks(group)
+        return True
+    except Exception:  # noqa: BLE001 - destroyed, or torch already torn down at the interpreter's exit
+        return False
+
+
 def _event_handle(previous_event: Any) -> Any:
     """V2's ``previous_event`` (an ``EventHandle``) from V1's (an ``EventOverlap``)."""
     return None if previous_event is None else previous_event.event
@@ -73,6 +90,28 @@ class _V1OverV2:
     _elastic: Any
     #: Capabilities of the suite this facade implements (docs/integrators.md, "testing a compatibility layer").
     conformance_capabilities = DECLARED
+    #: Whether the facade built its V2 buffer (then it owns it and keeps V1's end of a run: :meth:`_own`).
+    _owns_buffer = False
+
+    def _own(self, group: Any, explicitly_destroy: bool, **options: Any) -> Any:
+        """The V2 buffer this facade builds and owns: built with ``explicitly_destroy=True`` whatever the V1 caller
+        asked (V2's destructor would destroy it on a destroyed group, the known defect
+        ``v2-buffer-outlives-process-group``); a V1 caller's ``explicitly_destroy=False`` is kept by
+        :meth:`__del__`."""
+        self.explicitly_destroy = explicitly_destroy
+        self._owns_buffer = True
+        return deep_ep.ElasticBuffer(group, deterministic=True, explicitly_destroy=True, **options)
+
+    def __del__(self) -> None:
+        """V1 without ``explicitly_destroy``: the destructor releases the buffer, and a process whose buffer is
+        collected after ``destroy_process_group()`` still ends cleanly.  Released here while the group lives, else
+        left to the process's end."""
+        if not self._owns_buffer or self.explicitly_destroy:
+            return
+        elastic = self.__dict__.get("_elastic")
+        if elastic is not None and _group_alive(elastic.group):
+            self._elastic = None
+            elastic.destroy()
 
     # ---------------------------------------------------------------------------------------------- layout
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int, previous_event: Any = None,
@@ -206,11 +245,9 @@ class ElasticBackedBuffer(_V1OverV2):
         if low_latency_mode or enable_shrink:
             raise NotImplementedError("this facade offers normal mode only (no low-latency, no shrink mode)")
         num_bytes = max(_MIN_BYTES, -(-max(num_nvl_bytes, num_rdma_bytes) // _ALIGNMENT) * _ALIGNMENT)
-        self.explicitly_destroy = explicitly_destroy
-        # deterministic=True: V1's receive order (V2's own order differs across nodes; P13 holds V2's deterministic
-        # order to V1's)
-        self._elastic = deep_ep.ElasticBuffer(group, num_bytes=num_bytes, deterministic=True,
-                                              explicitly_destroy=explicitly_destroy)
+        # deterministic=True (_own): V1's receive order (V2's own order differs across nodes; P13 holds V2's
+        # deterministic order to V1's)
+        self._elastic = self._own(group, explicitly_destroy, num_bytes=num_bytes)
 
     def destroy(self) -> None:
         """Release the buffer (``explicitly_destroy=True`` only, as V1); any call after it raises AttributeError."""
@@ -257,5 +294,8 @@ class ForwardingBufferOnGroup(ForwardingBuffer):
 
     def __init__(self, group: Any, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, explicitly_destroy: bool = False,
                  **_: Any) -> None:
-        super().__init__(deep_ep.ElasticBuffer(group, num_bytes=1 << 30, deterministic=True,
-                                               explicitly_destroy=explicitly_destroy))
+        super().__init__(self._own(group, explicitly_destroy, num_bytes=1 << 30))
+
+    def _destroy_forwarded(self) -> None:
+        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"  # V1's check (its buffer is built
+        super()._destroy_forwarded()  # with explicitly_destroy=True: _own)
