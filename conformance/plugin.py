@@ -113,8 +113,7 @@ def conformance(request: pytest.FixtureRequest) -> Any:
                     "pass --conformance (or any option of the suite)", pytrace=False)
     from conformance.properties import module_files
 
-    # the properties this run selected (the JIT warm-up compiles for these only: a run of P12 alone on a cold cache
-    # spent its 150 s warming up the whole catalog, run 27b)
+    # the properties this run selected (the JIT warm-up compiles for these only, not for the whole catalog)
     files = {os.path.realpath(str(item.path)) for item in request.session.items}
     yield from run.session_fixture(frozenset(pid for pid, path in module_files().items()
                                              if os.path.realpath(path) in files))

@@ -5,18 +5,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
 from conformance.core.example import Example
 from conformance.harness.config import DEFAULT_MAX_EXAMPLES
+from conformance.harness.hypothesis_glue import (
+    ALL_HEALTH_CHECKS,
+    DRAWN_ONLY,
+    NEW_DRAWS,
+    drawing,
+    drawn,
+    found,
+)
+from conformance.harness.hypothesis_glue import sample as sample
 from conformance.harness.session import Session
 
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
-FIND_SETTINGS = settings(
-    max_examples=60, deadline=None, database=None, phases=[Phase.generate, Phase.shrink], derandomize=True,
-    suppress_health_check=list(HealthCheck),
-)
+FIND_SETTINGS = drawing(60, phases=NEW_DRAWS, derandomize=True, health_checks=ALL_HEALTH_CHECKS)
 
 
 def fails(session: Session, property_id: str, example: Example, mutant: str | None) -> str | None:
@@ -40,9 +45,9 @@ def assert_caught(
     Also checks the property holds on that very example without the mutant, so the failure is the mutant's.
     Returns the shrunk example and the failure message.
     """
-    example = find(strategy, lambda ex: fails(session, property_id, ex, mutant) is not None,
-                   settings=settings(FIND_SETTINGS, max_examples=max_examples,
-                                     phases=FIND_SETTINGS.phases if shrink else [Phase.generate]))
+    example = found(strategy, lambda ex: fails(session, property_id, ex, mutant) is not None,
+                    drawing(max_examples, phases=NEW_DRAWS if shrink else DRAWN_ONLY, derandomize=True,
+                            health_checks=ALL_HEALTH_CHECKS))
     message = fails(session, property_id, example, mutant)
     assert message is not None
     clean = fails(session, property_id, example, None)
@@ -57,33 +62,13 @@ def assert_holds(session: Session, property_id: str, examples: list[Example], mu
         assert message is None, f"{property_id} failed on {example}: {message}"
 
 
-def sample(strategy: st.SearchStrategy[Any], n: int) -> list[Any]:
-    """``n`` deterministic draws from ``strategy`` (for checking a property holds)."""
-    out: list[Any] = []
-
-    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.generate], derandomize=True)
-    @given(strategy)
-    def collect(value: Any) -> None:
-        out.append(value)
-
-    collect()
-    return out[:n]
-
-
 def examples_to_catch(session: Session, property_id: str, mutant: str, strategy: st.SearchStrategy[Any], seed: int,
                       budget: int = DEFAULT_MAX_EXAMPLES) -> int | None:
     """How many of ``budget`` draws from ``strategy`` (Hypothesis seeded with ``seed``, no shrinking, no database)
     it takes until ``property_id`` fails with ``mutant`` planted; ``None`` if none of them does.  The budget is a
     user's run's (``--max-examples``' default): a planted defect is caught within what a run draws."""
-    from hypothesis import seed as seeded
-
     state: dict[str, Any] = {"drawn": 0, "caught": None}
 
-    @seeded(seed)
-    @settings(max_examples=budget, database=None, deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.generate])
-    @given(strategy)
     def draw(case: Any) -> None:
         if state["caught"] is not None:
             return
@@ -91,7 +76,7 @@ def examples_to_catch(session: Session, property_id: str, mutant: str, strategy:
         if fails(session, property_id, case, mutant) is not None:
             state["caught"] = state["drawn"]
 
-    draw()
+    drawn(draw, strategy, drawing(budget, phases=DRAWN_ONLY, health_checks=ALL_HEALTH_CHECKS), seed)()
     return state["caught"]
 
 

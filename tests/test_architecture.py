@@ -8,6 +8,9 @@ suite.  There is no import cycle between modules.  (docs/architecture.md draws t
 from __future__ import annotations
 
 import ast
+import io
+import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -316,3 +319,68 @@ def test_the_verdict_literal_rule_sees_planted_strings() -> None:
                '    return Verdict.PASSED\n')
     assert _verdict_literals(planted, "p") == ["p:2 'known-defect'", "p:2 'unsupported'", "p:3 'suite-error'"], \
         _verdict_literals(planted, "p")
+
+
+#: What drives Hypothesis (makes and runs a test over draws): only ``conformance.harness.hypothesis_glue`` imports
+#: these; strategies, state machines' rules and Hypothesis' errors are vocabulary, imported anywhere.
+HYPOTHESIS_DRIVERS = {"given", "settings", "seed", "find", "example", "run_state_machine_as_test", "Phase",
+                      "HealthCheck"}
+GLUE = "conformance.harness.hypothesis_glue"
+
+
+def hypothesis_driver_imports(source: str, where: str) -> list[str]:
+    """Each import in ``source`` of a name that drives Hypothesis (:data:`HYPOTHESIS_DRIVERS`), or of
+    ``hypothesis`` itself."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hypothesis":
+            found += [f"{where}:{node.lineno}: {alias.name}" for alias in node.names
+                      if alias.name in HYPOTHESIS_DRIVERS]
+        elif isinstance(node, ast.Import):
+            found += [f"{where}:{node.lineno}: import {alias.name}" for alias in node.names
+                      if alias.name.split(".")[0] == "hypothesis"]
+    return found
+
+
+def test_hypothesis_is_driven_from_one_place() -> None:
+    """The property tests' draws, the kill matrix's and the meta-tests' helpers (tests/meta.py) are all built by
+    ``conformance.harness.hypothesis_glue`` (settings, seeding, explicit cases, the example database)."""
+    places = {**{m: p for m, p in MODULES.items() if m != GLUE}, "tests.meta": ROOT.parent / "tests" / "meta.py"}
+    offenders = [o for module, path in places.items() for o in hypothesis_driver_imports(path.read_text(), module)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_hypothesis_rule_sees_planted_drivers() -> None:
+    planted = ("from hypothesis import given, settings, strategies as st\nimport hypothesis\n"
+               "from hypothesis.stateful import rule, run_state_machine_as_test\nfrom hypothesis.errors import Flaky\n")
+    assert len(hypothesis_driver_imports(planted, "planted")) == 4, hypothesis_driver_imports(planted, "planted")
+
+
+RUN_MENTION = re.compile(r"\bruns? \d+[a-z]?\b")
+
+
+def history_offenders(source: str, where: str) -> list[str]:
+    """Each comment or string of ``source`` that names a run of the real library ("run 21") without citing where
+    it is kept (``docs/real-runs``): history belongs in docs/real-runs/README.md, the code says what and why."""
+    found = [f"{where}:{token.start[0]}: {token.string.strip()[:80]}"
+             for token in tokenize.generate_tokens(io.StringIO(source).readline)
+             if token.type == tokenize.COMMENT and RUN_MENTION.search(token.string)
+             and "docs/real-runs" not in token.string]
+    found += [f"{where}:{node.lineno}: {node.value.strip()[:80]!r}" for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and RUN_MENTION.search(node.value)
+              and "docs/real-runs" not in node.value]
+    return found
+
+
+def test_code_keeps_no_history_of_runs() -> None:
+    """No comment or string of the package tells which run showed something ("run 21 on one H200") unless it cites
+    docs/real-runs/ (a property's evidence, a setup limit's): the table "What the code keeps from these runs" in
+    docs/real-runs/README.md holds that."""
+    offenders = [o for module, path in MODULES.items() for o in history_offenders(path.read_text(), module)]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_history_rule_sees_planted_history() -> None:
+    planted = ('x = 1  # seen in run 21 on one H200\ny = "fixed after runs 20c and 21"\n'
+               'z = "held (docs/real-runs/, run 10b)"  # see docs/real-runs, run 12\nw = "a run of 3 examples"\n')
+    assert len(history_offenders(planted, "planted")) == 2, history_offenders(planted, "planted")

@@ -146,7 +146,7 @@ def build_inside_capture(build: Callable[[], Any], device: torch.device) -> Base
     """``build()`` inside a CUDA-graph capture (a buffer made lazily on its first use, in a captured step): what it
     raised (or the capture's end after it), ``None`` when it built.  When the capture fails, PyTorch's
     ``torch.cuda.graph.__exit__`` raises from ``capture_end()`` before it restores the caller's stream (seen on the
-    real 2.1.0, run 20): the stream is set back here and the error says so (:data:`STREAM_LEFT`).  A device that
+    real 2.1.0): the stream is set back here and the error says so (:data:`STREAM_LEFT`).  A device that
     cannot synchronise afterwards raises (the rank cannot go on)."""
     graph = torch.cuda.CUDAGraph()
     before = torch.cuda.current_stream(device)

@@ -241,7 +241,7 @@ def diff_surface(expected: dict[str, Any], observed: dict[str, Any]) -> list[Cha
         got_methods = observed["classes"].get(class_name)
         if got_methods is None:
             # judged on the methods the suite covers: the real 2.1.0's ElasticBuffer also has agrs_*, pp_* and
-            # engram_* (not covered), which 2.5.0's EPBuffer dropped (run 26: "class not found" otherwise)
+            # engram_* (not covered), which 2.5.0's EPBuffer dropped (the rename is found on the covered ones)
             covered = {m: e for m, e in methods.items()
                        if m not in set(expected.get("not_covered", {}).get(class_name, []))}
             renamed = _renamed_to(covered or methods, {c: observed["classes"][c] for c in added_classes})

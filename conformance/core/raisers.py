@@ -94,8 +94,8 @@ def is_device_fault(exc: BaseException) -> bool:
     """Whether ``exc`` reports a fault of earlier device work (an illegal address, a device-side assert): CUDA
     reports it asynchronously, at whatever call synchronises next, so where it was raised says nothing of whose
     it is.  It belongs to the backend's operation it surfaced in (``tasks.env.settle``), never to the suite's line
-    that synchronised: run 27a (one H100) charged real-v1's known shrink-mode fault to the suite's
-    ``status.cpu()`` in ``backends/low_latency.py`` as a suite error (P23)."""
+    that synchronised (e.g. real-v1's known shrink-mode fault surfacing at a ``status.cpu()`` of
+    ``backends/low_latency.py``: not a suite error)."""
     return type(exc).__name__ == "AcceleratorError" or any(mark in str(exc) for mark in DEVICE_FAULT_MARKS)
 
 

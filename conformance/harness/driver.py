@@ -15,17 +15,20 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
 
 from conformance.core.ids import is_pair, members
 from conformance.core.raisers import SuiteError
 from conformance.harness.faults import AllHung, BudgetExhausted, KnownDefectStop, describe_cause
-from conformance.harness.hypothesis_glue import example_database, new_draws_only, property_key, seeded
+from conformance.harness.hypothesis_glue import (
+    SUPPRESSED,
+    drawing,
+    drawn,
+    example_database,
+    new_draws_only,
+    property_key,
+)
 from conformance.properties import NotApplicable, Property
 from conformance.world.errors import RankFailure
-
-#: Health checks that do not fit a suite whose examples run on a multi-process world.
-SUPPRESSED = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
 
 def run_property(session: Any, prop: Property) -> None:
@@ -129,15 +132,11 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         # report_multiple_bugs=False: one failure per property, shrunk, with its own message and counterexample (the
         # report and the repro line name one case; Hypothesis' "found 2 distinct failures" group would hide both).
         started = time.monotonic()
-        drawing = settings(max_examples=config.max_examples, deadline=None, suppress_health_check=SUPPRESSED,
-                           database=database, report_multiple_bugs=False)
+        run = drawing(config.max_examples, database=database, report_multiple_bugs=False)
         strategy, explicit = shaped(prop, config)
-        body = given(case=strategy)(check_one)
-        for case in reversed(explicit):
-            body = example(case=case)(body)
         # seeded (--conformance-seed) with the database still on: the stored counterexamples are replayed first, the
         # seeded draws follow them unchanged (conformance.harness.hypothesis_glue)
-        body = seeded(body, drawing, config.seed)
+        body = drawn(check_one, strategy, run, config.seed, explicit)
 
         if prop.stateful is not None:  # a state machine, one step per rank task (conformance.harness.stateful)
             from conformance.harness.stateful import stateful_test
@@ -146,7 +145,7 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         body()
         if prop.stateful is None:
             for round_seed in _more_rounds(config, started):
-                seeded(given(case=strategy)(check_one), new_draws_only(drawing), round_seed)()  # new draws only
+                drawn(check_one, strategy, new_draws_only(run), round_seed)()  # new draws only
 
     try:
         try:

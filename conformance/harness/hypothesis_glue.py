@@ -19,20 +19,74 @@ world (so that an upgrade that changes one of them fails there, not silently in 
   ``run_state_machine_as_test`` with the run's settings, whose keyed database stays on (the machine's test takes its
   settings from the call, not from the seed).
 
+This module is the one place the suite drives Hypothesis (an architecture self-test holds it so): the property
+tests' draws (:mod:`conformance.harness.driver`, :mod:`conformance.harness.stateful`), the kill matrix's
+(:mod:`conformance.mutation.runner`) and the meta-tests' (``tests/meta.py``) are built here: :func:`drawing` (the
+settings), :func:`drawn` (a test over a strategy, its explicit cases first, seeded), :func:`sample` and
+:func:`found`.
+
 Nothing here reads or writes a Hypothesis attribute whose name starts with an underscore.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from hypothesis import Phase, seed, settings
+from hypothesis import HealthCheck, Phase, example, find, given, seed, settings
+from hypothesis import strategies as st
 from hypothesis.database import DirectoryBasedExampleDatabase, ExampleDatabase
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 #: The phases of a ``--time-budget`` round after the first: new draws only (and the shrinking of a failure).
 NEW_DRAWS = (Phase.generate, Phase.shrink)
+#: The phases of the kill matrix's draws: the property's explicit cases, then new draws (no shrinking, no database).
+EXPLICIT_THEN_DRAWN = (Phase.explicit, Phase.generate)
+#: New draws only, nothing shrunk.
+DRAWN_ONLY = (Phase.generate,)
+#: The health checks a property test's draws leave off: a world's example is slow, its cases large and filtered.
+SUPPRESSED = (HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much)
+#: Every health check (the kill matrix's and the meta-tests' draws, which look for one case).
+ALL_HEALTH_CHECKS = tuple(HealthCheck)
+
+
+def drawing(max_examples: int, *, database: ExampleDatabase | None = None, phases: Sequence[Phase] | None = None,
+            derandomize: bool = False, health_checks: Sequence[HealthCheck] = SUPPRESSED, **more: Any) -> settings:
+    """The settings of one of the suite's draws: ``max_examples`` draws, no deadline (a world's call takes what it
+    takes), ``database`` (none unless given), ``phases`` (Hypothesis' default unless given), ``health_checks`` off;
+    ``more``: any other setting (``report_multiple_bugs``, ``stateful_step_count``)."""
+    chosen: dict[str, Any] = dict(max_examples=max_examples, deadline=None, database=database,
+                                  derandomize=derandomize, suppress_health_check=list(health_checks), **more)
+    if phases is not None:
+        chosen["phases"] = list(phases)
+    return settings(**chosen)
+
+
+def drawn(body: Callable[..., None], strategy: st.SearchStrategy[Any], run: settings, seed_value: int | None = None,
+          explicit: Sequence[Any] = ()) -> Callable[[], None]:
+    """``body(case=...)`` as a Hypothesis test over ``strategy``: the ``explicit`` cases first (``@example``), then
+    the draws, under ``run`` seeded with ``seed_value`` (:func:`seeded`)."""
+    test = given(case=strategy)(body)
+    for case in reversed(explicit):
+        test = example(case=case)(test)
+    return seeded(test, run, seed_value)
+
+
+def sample(strategy: st.SearchStrategy[Any], n: int) -> list[Any]:
+    """``n`` deterministic draws from ``strategy`` (derandomized: the same on every run)."""
+    out: list[Any] = []
+
+    def collect(case: Any) -> None:
+        out.append(case)
+
+    drawn(collect, strategy, drawing(n, phases=DRAWN_ONLY, derandomize=True, health_checks=ALL_HEALTH_CHECKS))()
+    return out[:n]
+
+
+def found(strategy: st.SearchStrategy[Any], condition: Callable[[Any], bool], run: settings) -> Any:
+    """The first draw of ``strategy`` (shrunk, where ``run`` shrinks) for which ``condition`` holds
+    (``hypothesis.find``; ``NoSuchExample`` where none of ``run``'s draws does)."""
+    return find(strategy, condition, settings=run)
 
 
 def property_key(property_id: str, world_size: int, mutant: str | None) -> bytes:

@@ -52,9 +52,9 @@ ALL_SHAPES = (("P1-per-expert-payloads", "P5-combine", "P7-cached-dispatch", "P9
 SMALL_SHAPE = (("P10-events", "P11-qp-cap", "P20-dispatch-options"),
                ("P21-buffer-options", "P22-epilogue-events", "P30-call-sequences"))
 #: P12's sweep (each refusal row's bad call and its valid neighbour, made on every run): on the real V2 nearly every
-#: valid neighbour is a kernel of its own (another number of SMs, experts, hidden size...), and the sweep compiled them
-#: one after another (run 24a, one H100, cold: 157 s of P12's 157 s, about 30 kernels).  The warm-up makes the sweep
-#: in :data:`SWEEP_PARTS` runs side by side, each a part of its cases (:data:`PART_ENV`).
+#: valid neighbour is a kernel of its own (another number of SMs, experts, hidden size...), about 30 kernels the sweep
+#: would compile one after another, nearly all of its time on a cold cache.  The warm-up makes the sweep in
+#: :data:`SWEEP_PARTS` runs side by side, each a part of its cases (:data:`PART_ENV`).
 SWEEP = "P12-bad-input"
 SWEEP_PARTS = 4
 #: The variable that gives a warm-up run its part of every property's explicit cases, ``"I/K"`` (the I-th of K:
@@ -67,8 +67,8 @@ EXAMPLES = 2
 JOB_LIMIT_S = 150.0
 #: Once every warm-up run has started, no compile has ended for this many seconds and the warm-up has run
 #: :data:`QUIET_MIN_S`, the runs still going are stopped: the vocabulary's kernels are compiled, what is left is their
-#: examples.  (On one H200 the compiles of the warm-up ended 53 s and 41 s after the first began, runs 16 and 19a,
-#: while its runs went on to 100 s and 150 s.)  A kernel a stopped run had yet to compile compiles when needed.
+#: examples (the compiles end well before the runs that made them).  A kernel a stopped run had yet to compile
+#: compiles when needed.
 QUIET_S = 25.0
 QUIET_MIN_S = 45.0
 #: The file a finished warm-up leaves in the kernel cache: a later run on the same vocabulary, DeepEP and backends

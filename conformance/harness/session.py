@@ -386,7 +386,7 @@ class Session:
 
     def _check_the_rest(self, selection: Selection, settings: TaskSettings, case: Any, done: set[str]) -> None:
         """A known defect of one backend ended the check of an example before the backends after it had their turn
-        (run 24a: real-v2's P26 defect left emulated-v2 unchecked on every example): check those on the same case,
+        (a known defect of real-v2 would leave emulated-v2 unchecked on every example): check those on the same case,
         as an example of their own (their task is run again without the others; their known defects, failures and
         hangs counted as any example's)."""
         rest = tuple(spec for spec in settings.backends if spec.name not in done)

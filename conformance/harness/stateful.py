@@ -15,10 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from hypothesis import settings
 from hypothesis.errors import HypothesisException
 
-from conformance.harness.hypothesis_glue import example_database, machine_test, property_key
+from conformance.harness.hypothesis_glue import drawing, example_database, machine_test, property_key
 from conformance.properties import BackendsFailed, Property
 from conformance.strategies import vocabulary
 from conformance.world.errors import RankFailure, RankRaised, RankTimeout
@@ -123,8 +122,8 @@ def stateful_test(session: Any, prop: Property, suppressed: list[Any], database_
     # One database key per property, world size and mutant (as the other properties); seeded with the database on.
     database = example_database(config.database_dir, property_key(prop.id, config.world_size, session.mutant)) \
         if database_on else None
-    run = settings(max_examples=sequences_for(config.max_examples), stateful_step_count=STEPS_PER_SEQUENCE,
-                   deadline=None, suppress_health_check=suppressed, database=database)
+    run = drawing(sequences_for(config.max_examples), database=database, health_checks=suppressed,
+                  stateful_step_count=STEPS_PER_SEQUENCE)
     test = machine_test(machine, run, config.seed)
     explicit = prop.explicit(config.shape) if prop.explicit else []
     chosen = vocabulary.active()  # the run's shape vocabulary (set by the driver): the explicit sequences on it too

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hypothesis import HealthCheck, Phase, example, given, seed, settings
-
+from conformance.harness.hypothesis_glue import ALL_HEALTH_CHECKS, EXPLICIT_THEN_DRAWN, drawing, drawn
 from conformance.harness.session import Session
 from conformance.mutants import Mutant
 from conformance.mutation.killmatrix import mutant_entry, property_outcome
@@ -61,10 +60,6 @@ def first_failure(session: Session, prop: Property, budget: Budget) -> tuple[int
     """
     state: dict[str, Any] = {"examples": 0, "case": None, "error": None}
 
-    @settings(max_examples=budget.max_examples, phases=[Phase.explicit, Phase.generate], database=None,
-              deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
-    @seed(budget.seed)
-    @given(case=prop.strategy(session.config.shape))
     def draw(case: Any) -> None:
         if state["error"] is not None:
             return  # already failed: let Hypothesis run out its remaining (cheap) draws
@@ -74,9 +69,10 @@ def first_failure(session: Session, prop: Property, budget: Budget) -> tuple[int
         except Exception as exc:  # classified by the caller
             state.update(case=case, error=exc)
 
-    for case in reversed(prop.explicit(session.config.shape) if prop.explicit else []):
-        draw = example(case=case)(draw)  # the property's explicit cases come first, as in the pytest run
-    draw()
+    shape = session.config.shape  # the property's explicit cases come first, as in the pytest run
+    drawn(draw, prop.strategy(shape), drawing(budget.max_examples, phases=EXPLICIT_THEN_DRAWN,
+                                              health_checks=ALL_HEALTH_CHECKS), budget.seed,
+          prop.explicit(shape) if prop.explicit else ())()
     return state["examples"], state["case"], state["error"]
 
 

@@ -275,7 +275,7 @@ def _with_capability_gaps(unsupported: dict[str, Any], config: RunConfig) -> dic
         api = spec.api if spec is not None else backend.rsplit("-", 1)[-1]
         impl = spec.impl if spec is not None else backend.rsplit("-", 1)[0]
         # The migration's question (V2 refuses what V1 took) within one implementation: the emulation refusing what
-        # the real library took is a limit of the emulation, not of V2 (run 21: P29 on emulated-v1 vs real-v2).
+        # the real library took is a limit of the emulation, not of V2 (e.g. P29 on emulated-v1 beside real-v2).
         accepted_by = [b.name for b in config.backends if b.api != api and not b.plugin and b.name not in unsupported
                        and b.impl == impl]
         marked[backend] = {**info, "accepted_by": accepted_by, "capability_regression": bool(accepted_by)}

@@ -184,8 +184,8 @@ def settle(device: torch.device, backend: str, operation: str, error: BaseExcept
     if ranks and any_sticky:
         if error is None:
             error = RuntimeError(f"{backend}: {operation} left a CUDA error on rank(s) {ranks}")
-        # The world is retired, yet the failure is still this backend's: the controller charges it to the call
-        # (run 21 on one H200: a sticky error of real-v1 was charged to every backend, emulated-v1 included).
+        # The world is retired, yet the failure is still this backend's: the controller charges it to the call,
+        # never to every backend of the world.
         error.conformance_call = str(CallId(backend, operation))  # type: ignore[attr-defined]
         raise error
     return ranks, error

@@ -10,8 +10,8 @@ The real compiler: ``CONFORMANCE_REAL_NVCC``, else ``$CUDA_HOME/bin/nvcc``, else
 file excluded).
 
 The log never changes a compile's outcome: its folder is made when missing, and a log that cannot be written is
-reported on stderr and skipped (runs 20c and 21 on one H200: the report folder did not exist yet, this tool exited
-non-zero, and DeepEP's JIT said ``NVCC compilation failed`` for a kernel nvcc had compiled).
+reported on stderr and skipped (a tool exiting non-zero makes DeepEP's JIT say ``NVCC compilation failed`` for a
+kernel nvcc had compiled).
 """
 
 from __future__ import annotations

@@ -137,11 +137,10 @@ class RefusalTable:
         # build directory) for others, e.g. "/tmp/src/DeepEP/csrc/legacy/buffer.hpp:481" on the recorded 2.1.0
         # build.  The path up to csrc/ is not part of the contract; from csrc/ on it is.
         # The path may also go up and down again where a header was included by a relative path: 2.5.0's
-        # "csrc/buffers/../kernels/ep/dispatch.hpp:57" (run 26, one H100: P12 failed real-v2 on its own comparison).
+        # "csrc/buffers/../kernels/ep/dispatch.hpp:57".
         text = re.escape(row["message"]).replace(re.escape("(csrc/"), r"\((?:[^()\s]*/)?csrc/(?:[^()\s/]+/\.\./)*")
         # A ``{build_root}/`` placeholder likewise: absent once the message went through
-        # ``assertions.without_build_directory`` (run 21 on one H200: P12 failed its own comparison for that); the
-        # emulation writes ``<DeepEP build root>`` there.
+        # ``assertions.without_build_directory``; the emulation writes ``<DeepEP build root>`` there.
         text = text.replace(re.escape("({build_root}/"), r"\((?:[^()]*/)?")
         if row["message_match"] == "prefix":
             return text + ".*"

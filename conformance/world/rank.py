@@ -160,7 +160,7 @@ PRINTED_CHARS = 2000
 def _printed_during_task() -> str:
     """What this rank printed during the current task (its last :data:`PRINTED_CHARS` characters), for a task that
     raised: the library's own diagnostics, e.g. DeepEP's JIT prints ``NVCC compilation failed: <nvcc's output>``
-    before its assertion says only ``"NVCC compilation failed"`` (run 21, one H200)."""
+    before its assertion says only ``"NVCC compilation failed"``."""
     if _log_path is None or _task_log_start is None:
         return ""
     try:
