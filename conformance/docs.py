@@ -11,7 +11,7 @@ lists properties is generated from :func:`conformance.properties.catalog` here:
 - the set-up limits table of ``docs/reference.md`` (block ``setup-limits``), from ``conformance/core/setup_limits.py``.
 
 ``python -m conformance.docs`` checks them (exit 1, naming each stale file and this command); ``--write`` rewrites
-them.  ``tests/test_docs_drift.py`` runs the check, so a property added without running ``--write`` fails the
+them.  ``tests/nocover/test_docs_drift.py`` runs the check, so a property added without running ``--write`` fails the
 self-tests with that instruction.  (The migration table of ``docs/integrators.md`` is generated from a run instead:
 ``conformance.reporting.migration``.)
 """

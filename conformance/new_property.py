@@ -6,11 +6,11 @@ Writes the three files a property is made of and regenerates the docs that list 
   applicability and, in its docstring, its documentation); its check raises until you write it;
 - ``conformance/strategies/<name>.py``: its draws, starting from the shared vocabulary (``--no-strategy``: use
   :func:`conformance.strategies.examples` as it is);
-- ``tests/test_pNN_meta.py``: its meta-test (the planted defect it catches, that it holds on the emulation); it
+- ``tests/quality/test_pNN_meta.py``: its meta-test (the planted defect it catches, that it holds on the emulation); it
   fails until you name the mutant;
 - then ``python -m conformance.docs --write`` (the README's catalog table, docs/properties.md, the integrators'
   applicability table).  The report, the verdict matrix, ``conformance.repro``, the kill matrix and the self-tests'
-  expectations (``tests/expectations.py``) read the catalog: the new property is in all of them at once.
+  expectations (``tests/helpers/expectations.py``) read the catalog: the new property is in all of them at once.
 
 ``NN`` is the lowest number no property has.  ``--apis v2`` for a property of one API, ``--needs a,b`` for the
 capabilities a backend must declare (``conformance.core.spec.CAPABILITIES``).
@@ -93,7 +93,7 @@ def {strategy}(world_size: int) -> st.SearchStrategy[Example]:
 META = '''"""Meta-tests of {pid}: it catches the defect it exists to catch, and holds on the emulation."""
 
 from {strategy_module} import {strategy}
-from tests.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, sample
 
 PID = "{pid}"
 #: TODO: the registered mutant (conformance/mutants/) this property must catch; a new kind of defect is a new mutant.
@@ -143,7 +143,7 @@ def create(root: Path, name: str, title: str, apis: tuple[str, ...], needs: tupl
              "strategy": f"{snake}_examples" if strategy_module else "examples",
              "strategy_module": f"conformance.strategies.{snake}" if strategy_module else "conformance.strategies"}
     files = {root / "conformance" / "properties" / f"test_p{number:02d}_{snake}.py": PROPERTY,
-             root / "tests" / f"test_p{number:02d}_meta.py": META}
+             root / "tests" / "quality" / f"test_p{number:02d}_meta.py": META}
     if strategy_module:
         files[root / "conformance" / "strategies" / f"{snake}.py"] = STRATEGY
     for path in files:

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from tests import zygote
-from tests.installs import installed_wheel
-from tests.runs import report_of, run_pytest
+from tests.helpers import zygote
+from tests.helpers.installs import installed_wheel
+from tests.helpers.runs import report_of, run_pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_suite(args: list[str], report_dir: Path, timeout: float = 600, extra_path: tuple[str, ...] = ()
               ) -> tuple[subprocess.CompletedProcess, dict]:
     """Run ``pytest <args>`` on the suite in a process of its own (forked from a warm interpreter where that is the
-    same as a fresh one: tests/zygote.py); return the process and its JSON report.  ``extra_path``: more entries for
-    ``PYTHONPATH`` (after the checkout)."""
+    same as a fresh one: tests/helpers/zygote.py); return the process and its JSON report.  ``extra_path``: more entries
+    for ``PYTHONPATH`` (after the checkout)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join((str(ROOT), *extra_path)))
     env.pop("CONFORMANCE_DEEP_EP", None)
     env.pop("GITHUB_STEP_SUMMARY", None)  # a self-test's inner run must not write into CI's job summary
@@ -230,8 +230,8 @@ class CatalogRun:
     proc: subprocess.CompletedProcess
     took: float
     report_dir: Path
-    #: Two nodes: the installed wheel that ran it (``tests.installs.installed_wheel``: wheel, python, cwd) or why
-    #: the checkout ran it instead (skip / error); one node: empty (the checkout runs it).
+    #: Two nodes: the installed wheel that ran it (``tests.helpers.installs.installed_wheel``: wheel, python, cwd) or
+    #: why the checkout ran it instead (skip / error); one node: empty (the checkout runs it).
     installed: dict[str, str]
 
     @property

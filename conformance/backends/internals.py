@@ -15,7 +15,7 @@ a plug-in), from public results alone:
 
 :func:`internals` hands the seam to a built-in backend and refuses every other one with a
 :class:`~conformance.core.raisers.SuiteError` (the suite's own mistake: a verdict on a class backend must rest on
-its public API).  ``tests/test_public_api.py`` checks that a class backend's path never gets here.
+its public API).  ``tests/nocover/test_public_api.py`` checks that a class backend's path never gets here.
 """
 
 from __future__ import annotations

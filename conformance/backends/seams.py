@@ -4,7 +4,7 @@ seams (``conformance/emulation/seams.py``).
 
 A seam here is one method of a built-in adapter or autograd wrapper, patched as a whole (``wrapper(original, self,
 *args, **kwargs)``, through ``conformance.mutants.patching.seam``).  Every seam is patched by at least one mutant, or
-:data:`UNPATCHED` says why not (``tests/test_mutant_seams.py``).
+:data:`UNPATCHED` says why not (``tests/quality/test_mutant_seams.py``).
 """
 
 from __future__ import annotations

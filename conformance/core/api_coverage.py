@@ -21,7 +21,7 @@ judged against the surface:
 
 ``python -m conformance.core.api_coverage REPORT.json [REPORT.json ...]`` prints the table (method / keyword /
 exercised by / excluded why) for the union of the reports (e.g. a 1-node and a 2-node run); exit status 1 when
-something is missing, stale or unknown.  ``tests/test_api_coverage.py`` runs the catalog on the emulation and
+something is missing, stale or unknown.  ``tests/nocover/test_api_coverage.py`` runs the catalog on the emulation and
 fails the same way.
 """
 

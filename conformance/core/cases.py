@@ -143,7 +143,7 @@ class QpCase(ExampleCase):
 LIVE_STATUSES = ("emulated", "emulated-differently")
 #: The recipe topologies P12 draws: recipes made on one node, as on the real library's intranode path.  The V1
 #: internode (emulated nodes; the library takes that path with more than 8 ranks only), V2 hybrid and one-rank
-#: recipes are the emulation's self-tests (tests/test_refusals.py).
+#: recipes are the emulation's self-tests (tests/nocover/test_refusals.py).
 P12_TOPOLOGIES = ("any", "single", "v1-intranode")
 #: The API of a refusal-table row, by the class its ``call`` names (``EPBuffer``: DeepEP 2.5.0's V2).
 _API_OF_CLASS = {"Buffer": "v1", "Config": "v1", "ElasticBuffer": "v2", "EPBuffer": "v2", "EPHandle": "v2",

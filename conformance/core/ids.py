@@ -3,7 +3,7 @@ catalog or torch), pair columns (:class:`Pair`: ``"emulated-v1 vs emulated-v2"``
 (:class:`CallId`: ``"emulated-v2|ElasticBuffer.dispatch"``).
 
 A pair column or a call id is a string in the tally, the report's JSON and the messages; it is built and read here
-only (``tests/test_architecture.py`` fails on a split, partition or join of either anywhere else).
+only (``tests/cover/test_architecture.py`` fails on a split, partition or join of either anywhere else).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ Each seam stands for a place where a real library bug would sit.  There are two 
   attribute itself; :func:`entry_point` finds the class that defines it.
 
 Nothing here knows the suite: the suite's mutants (``conformance/mutants``) patch through one helper that refuses any
-other name, and a self-test (``tests/test_mutant_seams.py``) fails when a registered mutant changes anything of the
-emulation but these seams.  Every seam is patched by at least one mutant, or :data:`UNPATCHED` says why not.
+other name, and a self-test (``tests/quality/test_mutant_seams.py``) fails when a registered mutant changes anything of
+the emulation but these seams.  Every seam is patched by at least one mutant, or :data:`UNPATCHED` says why not.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Every property test runs the same function (the driver's ``check_one``, or one state machine per stateful
 property), so what Hypothesis keys its example database on (the test function's source) would be shared by every
-property.  What holds here, and what ``tests/test_hypothesis_glue.py`` checks on the installed Hypothesis without a
-world (so that an upgrade that changes one of them fails there, not silently in a CI run):
+property.  What holds here, and what ``tests/cover/test_hypothesis_glue.py`` checks on the installed Hypothesis without
+a world (so that an upgrade that changes one of them fails there, not silently in a CI run):
 
 - **One database key per property, world size and mutant**: :class:`KeyedDatabase` wraps the report directory's
   database and prefixes every key Hypothesis uses (its primary, secondary and pareto keys alike) with
@@ -21,8 +21,8 @@ world (so that an upgrade that changes one of them fails there, not silently in 
 
 This module is the one place the suite drives Hypothesis (an architecture self-test holds it so): the property
 tests' draws (:mod:`conformance.harness.driver`, :mod:`conformance.harness.stateful`), the kill matrix's
-(:mod:`conformance.mutation.runner`) and the meta-tests' (``tests/meta.py``) are built here: :func:`drawing` (the
-settings), :func:`drawn` (a test over a strategy, its explicit cases first, seeded), :func:`sample` and
+(:mod:`conformance.mutation.runner`) and the meta-tests' (``tests/helpers/meta.py``) are built here: :func:`drawing`
+(the settings), :func:`drawn` (a test over a strategy, its explicit cases first, seeded), :func:`sample` and
 :func:`found`.
 
 Nothing here reads or writes a Hypothesis attribute whose name starts with an underscore.

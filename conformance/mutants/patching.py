@@ -3,8 +3,8 @@
 The seams are the emulation's (``conformance/emulation/seams.py``: call seams inside it, and its entry points, the
 library's public names) and the adapters' (``conformance/backends/seams.py``).  :func:`seam` wraps one of them and
 refuses any other name, so that a refactor of the emulation cannot silently disarm a mutant: a seam it patches either
-still exists (the emulation calls through it) or the mutant fails loudly.  ``tests/test_mutant_seams.py`` checks that
-every registered mutant changes nothing but seams.
+still exists (the emulation calls through it) or the mutant fails loudly.  ``tests/quality/test_mutant_seams.py`` checks
+that every registered mutant changes nothing but seams.
 
 Mutants run inside the rank processes, around each task (``conformance.mutants.activate``).  Every helper here is a
 context manager that restores what it changed on exit, even when the task fails.  A mutant keeps state between calls

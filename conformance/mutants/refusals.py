@@ -9,7 +9,7 @@ Two families, both harmful:
   legal call at the boundary is refused (the seams of the checks, sizes and constants).
 
 Each mutant changes what the row's recipe or neighbour (conformance/tasks/refusals/) does; the self-test
-(tests/test_refusals.py) shows it.  They are not wired into a property yet: P12 will draw the table's rows.
+(tests/nocover/test_refusals.py) shows it.  They are not wired into a property yet: P12 will draw the table's rows.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from conformance.mutants.registry import register
 
 
 def _dropped(row_id: str) -> Any:
-    """The emulation skips the refusal of table row ``row_id`` while the block runs (tests/test_refusals.py checks
-    that every row named here exists and that dropping it changes what its recipe does)."""
+    """The emulation skips the refusal of table row ``row_id`` while the block runs (tests/nocover/test_refusals.py
+    checks that every row named here exists and that dropping it changes what its recipe does)."""
     return seam("refusal_enforced", lambda original, row: row != row_id and original(row))
 
 

@@ -1,7 +1,7 @@
 """What the real library raised on bad calls, as recorded (``fixtures/deepep-real``, ``errors``).
 
 A copy ships in the recorded version's folder, ``conformance/versions/<version>/recorded-errors.json`` (read through
-:mod:`conformance.versions`; tests/test_recorded_data.py keeps 2.1.0's exact), so that an installed suite has it
+:mod:`conformance.versions`; tests/quality/test_recorded_data.py keeps 2.1.0's exact), so that an installed suite has it
 without the 17 MB recordings.
 """
 

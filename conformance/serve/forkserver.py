@@ -46,7 +46,7 @@ POLL_S = 0.02
 #: A server already started for this process, to adopt at the first use instead of starting one:
 #: ``PID:SERVER_PID:REQUESTS_FD:REPLIES_FD`` (PID: the process it is for; any other ignores it).  The self-tests start
 #: their runs forked from a warm interpreter and fork each one's server beside it, before the run imports anything
-#: (``tests/zygote.py``); the server is this module's, as started here.
+#: (``tests/helpers/zygote.py``); the server is this module's, as started here.
 STARTED_ENV = "CONFORMANCE_FORK_SERVER_STARTED"
 
 
@@ -60,8 +60,8 @@ def enabled() -> bool:
 
 class ForkServer:
     """The controller's side of its fork server: one request at a time (a lock), from any thread.  ``command`` and
-    ``env``: another server speaking the same protocol (the self-tests' zygote, ``tests/zygote.py``), started with
-    its two pipes' descriptors appended to ``command``; ``name``: what its errors call it."""
+    ``env``: another server speaking the same protocol (the self-tests' zygote, ``tests/helpers/zygote.py``), started
+    with its two pipes' descriptors appended to ``command``; ``name``: what its errors call it."""
 
     def __init__(self, command: list[str] | None = None, env: dict[str, str] | None = None,
                  name: str = "the fork server") -> None:

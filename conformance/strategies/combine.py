@@ -24,7 +24,7 @@ payloads and biases (:func:`conformance.core.example.wide_integers`: odd multipl
 ``2**13``); every float32 sum is then exact, so the tree predicts every byte, and a sum of two or more of
 them has more than 8 significant bits most of the time; bounded mode's standard normals do the same with 8-bit
 significands of spread exponents.  Each column draws its values on its own, so each column is a fresh trial of
-(2) and (3): ``tests/test_p05_meta.py`` measures, for every shape of extra rounding the tree admits on one and
+(2) and (3): ``tests/quality/test_p05_meta.py`` measures, for every shape of extra rounding the tree admits on one and
 two nodes, that at least 7% of columns show it; a token of ``hidden >= 128`` columns then hides it with
 probability below ``0.93**128 < 1e-4``, and a case has several such tokens.
 """

@@ -1,6 +1,6 @@
 """The faithful facade (:mod:`tests.facades.faithful`) with one planted defect each, like those found in V1-compat
 shims integrators publish: the suite must report each as that backend's failure, with a message naming the value,
-and leave the other backends' verdicts as they are (tests/test_facades.py).
+and leave the other backends' verdicts as they are (tests/quality/test_facades.py).
 
 - :class:`DiscardsNumExperts`: ``get_dispatch_layout`` drops the ``num_experts`` its caller passes, and ``dispatch``
   hands V2 ``num_experts=None``: every dispatch raises (inside V2);

@@ -28,7 +28,7 @@ recipe columns, how to make the call: ``topology`` and ``requires`` (where the r
   dispatch), :mod:`.combine` (V1 combine), :mod:`.low_latency` (V1 low-latency calls, masks, local buffers),
   :mod:`.elastic` (``ElasticBuffer``, ``EventOverlap``).  ``bad`` selects the offending call.
 
-``tests/test_refusals.py`` makes every row's two calls on the emulation, and checks that every live row has
+``tests/nocover/test_refusals.py`` makes every row's two calls on the emulation, and checks that every live row has
 exactly one recipe.
 """
 

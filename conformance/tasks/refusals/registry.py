@@ -68,7 +68,7 @@ RECIPES: dict[str, Callable[[BadCallEnv], Any]] = {}
 @functools.cache
 def rows() -> dict[str, dict[str, Any]]:
     """The live rows of every version's refusal table, by id (the oldest version's row where several have it:
-    their recipe columns are the same, ``tests/test_refusals.py`` checks it)."""
+    their recipe columns are the same, ``tests/nocover/test_refusals.py`` checks it)."""
     out: dict[str, dict[str, Any]] = {}
     for version in versions.known_versions():
         for row_id, row in versions.contract(version).refusals.rows.items():
