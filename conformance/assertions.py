@@ -163,8 +163,8 @@ def for_each_backend(
 ) -> None:
     """For every rank and backend: ``check(rank, backend, result)`` (an :class:`Unsupported` result is recorded,
     not checked); then ``pairwise(rank, (first, a), (other, b))`` for each compared pair of checked backends (the
-    context's ``pairs(names)``, ``conformance.core.spec.compared_pairs``; consecutive ones for a context without it),
-    with what ``check`` returned (the result itself when it returned ``None``)."""
+    context's ``pairs(names)``, ``conformance.harness.pairs.compared_pairs``; consecutive ones for a context without
+    it), with what ``check`` returned (the result itself when it returned ``None``)."""
     __tracebackhide__ = True
     if backend_major:
         _each_backend_whole(recorder, case, per_rank, check)

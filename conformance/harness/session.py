@@ -17,7 +17,6 @@ from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
 from conformance.core.ids import backend_of
 from conformance.core.raisers import SuiteError
-from conformance.core.spec import compared_pairs
 from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import (
@@ -29,6 +28,7 @@ from conformance.harness.faults import (
     cause_of,
 )
 from conformance.harness.known_defects import KnownDefect, KnownDefects, known_defects_of
+from conformance.harness.pairs import compared_pairs
 from conformance.harness.verdicts import Tally
 from conformance.properties import NotApplicable, Property, Selection, select
 from conformance.tasks.env import TaskSettings
@@ -279,7 +279,7 @@ class Session:
         prop = selection.prop
         property_id, recorder = prop.id, self.recorder
         tally = recorder.tally
-        tally.start(settings.names, selection.pairs(settings.names))
+        tally.start(settings.names, self.pairs(settings.names))
         try:
             prop.check(self, case, self._results(prop, settings, case))
         except (AssertionError, RankRaised, RankCrashed) as failure:  # a known defect may be a crash (SIGFPE...)
@@ -409,7 +409,7 @@ class Session:
         prop = selection.prop
         while rest:
             names = tuple(spec.name for spec in rest)
-            tally.start(names, selection.pairs(names))
+            tally.start(names, self.pairs(names))
             try:
                 prop.check(self, case, self._results(prop, dataclasses.replace(settings, backends=rest), case))
             except (AssertionError, RankRaised) as other:
@@ -491,7 +491,7 @@ class Session:
         self.recorder.tally.complete(self.recorder.tally._name(tuple(backends)))
 
     def pairs(self, names: Any) -> list[tuple[str, str]]:
-        """The pairs of ``names`` (backends with results) a check compares (``core.spec.compared_pairs``): the check
+        """The pairs of ``names`` (backends with results) a check compares (``harness.pairs.compared_pairs``): the check
         context's answer, which ``conformance.assertions.for_each_backend`` and P30 look up (a context without it
         compares consecutive backends)."""
         return compared_pairs(list(names), self.config.backends)

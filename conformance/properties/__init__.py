@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from conformance.core.example import Example
 from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
-from conformance.core.spec import APIS, CAPABILITIES, BackendSpec, Capability, compared_pairs
+from conformance.core.spec import APIS, CAPABILITIES, BackendSpec, Capability
 from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
@@ -231,16 +231,13 @@ def module_files() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Selection:
-    """A property against the run's backends, asked once per example: the property, the backends it does not check
-    (name -> why: :meth:`Property.exclusions`), and the pairs it compares among those that return results."""
+    """A property against the run's backends, asked once per example: the property and the backends it does not
+    check (name -> why: :meth:`Property.exclusions`).  (The pairs a check compares are the check context's
+    ``pairs``.)"""
 
     prop: Property
     excluded: dict[str, str]
     backends: tuple[BackendSpec, ...]
-
-    def pairs(self, names: Iterable[str]) -> list[tuple[str, str]]:
-        """The pairs of ``names`` (backends with results) the check compares (``core.spec.compared_pairs``)."""
-        return compared_pairs(list(names), self.backends)
 
 
 def select(property_id: str, backends: Iterable[BackendSpec]) -> Selection:
