@@ -8,6 +8,7 @@ suite.  There is no import cycle between modules.  (docs/architecture.md draws t
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -19,6 +20,18 @@ import pytest
 pytestmark = pytest.mark.xdist_group("test_architecture")
 
 ROOT = Path(__file__).resolve().parents[2] / "conformance"
+
+
+@functools.cache
+def source_of(path: Path) -> str:
+    """``path``'s text, read once per session (every rule reads every module)."""
+    return path.read_text()
+
+
+@functools.cache
+def nodes_of(source: str) -> tuple[ast.AST, ...]:
+    """Every node of ``source``'s syntax tree, parsed and walked once per session."""
+    return tuple(ast.walk(ast.parse(source)))
 
 #: (layer, module prefixes), lowest first.  The longest matching prefix decides a module's layer.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
@@ -58,7 +71,7 @@ def imports_of(path: Path, module: str | None = None) -> set[str]:
     module = module or module_name(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes_of(source_of(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -218,7 +231,7 @@ def id_string_offenders(source: str, where: str) -> list[str]:
     ``in`` test on a separator, a join with the pair separator, or an f-string that is just ``{a} vs {b}`` or
     ``{a}|{b}``."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes_of(source):
         line = f"{where}:{getattr(node, 'lineno', '?')}"
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             args = [a.value for a in node.args if isinstance(a, ast.Constant)]
@@ -241,7 +254,7 @@ def test_pair_columns_and_call_ids_are_built_and_read_in_one_module() -> None:
     """Typed ids: a pair column is ``conformance.core.ids.Pair``, a call id ``CallId``; no other module splits,
     joins or formats them by hand (they are strings only in the tally, the report and the messages)."""
     offenders = [o for module, path in MODULES.items() if module != ID_MODULE
-                 for o in id_string_offenders(path.read_text(), module)]
+                 for o in id_string_offenders(source_of(path), module)]
     assert not offenders, "\n".join(offenders)
 
 
@@ -263,7 +276,7 @@ def test_verdicts_and_statuses_are_defined_once() -> None:
     assert verdicts.SUITE_ERROR == outcomes.Verdict.SUITE_ERROR == "suite-error"
     assert set(outcomes.VERDICTS) <= set(outcomes.STATUSES)
     literal = [o for module, path in MODULES.items() if module != "conformance.core.outcomes"
-               for o in _status_tuples(path.read_text(), module)]
+               for o in _status_tuples(source_of(path), module)]
     assert not literal, "a hand-kept list of verdicts or statuses:\n" + "\n".join(literal)
 
 
@@ -272,7 +285,7 @@ def _status_tuples(source: str, where: str) -> list[str]:
     from conformance.core.outcomes import STATUSES
 
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes_of(source):
         if isinstance(node, ast.Tuple | ast.List) and len(node.elts) >= 3 and all(
                 isinstance(e, ast.Constant) and e.value in STATUSES for e in node.elts):
             found.append(f"{where}:{node.lineno}")
@@ -294,7 +307,7 @@ def _verdict_literals(source: str, where: str) -> list[str]:
     """String constants naming a verdict or status (:data:`UNAMBIGUOUS`) that a comparison or a ``return`` uses:
     the code decides by them, so it names ``Verdict``'s or ``Status``' member."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes_of(source):
         operands = [node.left, *node.comparators] if isinstance(node, ast.Compare) else \
             [node.value] if isinstance(node, ast.Return) and node.value is not None else []
         for operand in operands:
@@ -309,7 +322,7 @@ def test_code_outside_the_report_decides_by_verdict_members_not_strings() -> Non
     own module, a comparison or a ``return`` names a verdict or status by its member, never its string."""
     offenders = [o for module, path in MODULES.items()
                  if not module.startswith("conformance.reporting") and module != "conformance.core.outcomes"
-                 for o in _verdict_literals(path.read_text(), module)]
+                 for o in _verdict_literals(source_of(path), module)]
     assert not offenders, "\n".join(offenders)
 
 
@@ -332,7 +345,7 @@ def hypothesis_driver_imports(source: str, where: str) -> list[str]:
     """Each import in ``source`` of a name that drives Hypothesis (:data:`HYPOTHESIS_DRIVERS`), or of
     ``hypothesis`` itself."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in nodes_of(source):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "hypothesis":
             found += [f"{where}:{node.lineno}: {alias.name}" for alias in node.names
                       if alias.name in HYPOTHESIS_DRIVERS]
@@ -347,7 +360,7 @@ def test_hypothesis_is_driven_from_one_place() -> None:
     ``conformance.harness.hypothesis_glue`` (settings, seeding, explicit cases, the example database)."""
     places = {**{m: p for m, p in MODULES.items() if m != GLUE},
               "tests.helpers.meta": ROOT.parent / "tests" / "helpers" / "meta.py"}
-    offenders = [o for module, path in places.items() for o in hypothesis_driver_imports(path.read_text(), module)]
+    offenders = [o for module, path in places.items() for o in hypothesis_driver_imports(source_of(path), module)]
     assert not offenders, "\n".join(offenders)
 
 
@@ -367,7 +380,7 @@ def history_offenders(source: str, where: str) -> list[str]:
              for token in tokenize.generate_tokens(io.StringIO(source).readline)
              if token.type == tokenize.COMMENT and RUN_MENTION.search(token.string)
              and "docs/real-runs" not in token.string]
-    found += [f"{where}:{node.lineno}: {node.value.strip()[:80]!r}" for node in ast.walk(ast.parse(source))
+    found += [f"{where}:{node.lineno}: {node.value.strip()[:80]!r}" for node in nodes_of(source)
               if isinstance(node, ast.Constant) and isinstance(node.value, str) and RUN_MENTION.search(node.value)
               and "docs/real-runs" not in node.value]
     return found
@@ -377,7 +390,7 @@ def test_code_keeps_no_history_of_runs() -> None:
     """No comment or string of the package tells which run showed something ("run 21 on one H200") unless it cites
     docs/real-runs/ (a property's evidence, a setup limit's): the table "What the code keeps from these runs" in
     docs/real-runs/README.md holds that."""
-    offenders = [o for module, path in MODULES.items() for o in history_offenders(path.read_text(), module)]
+    offenders = [o for module, path in MODULES.items() for o in history_offenders(source_of(path), module)]
     assert not offenders, "\n".join(offenders)
 
 

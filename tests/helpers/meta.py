@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
+from hypothesis.errors import NoSuchExample
 
 from conformance.core.example import Example
 from conformance.harness.config import DEFAULT_MAX_EXAMPLES
@@ -22,6 +24,19 @@ from conformance.harness.session import Session
 
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
 FIND_SETTINGS = drawing(60, phases=NEW_DRAWS, derandomize=True, health_checks=ALL_HEALTH_CHECKS)
+
+
+def assert_reaches(strategy: st.SearchStrategy[Any], condition: Callable[[Any], bool],
+                   max_examples: int = FIND_SETTINGS.max_examples) -> Any:
+    """A draw of ``strategy`` that meets ``condition``, within ``max_examples`` derandomized draws, not shrunk (a
+    strategy's reach needs no minimal case: shrinking cost the meta-tests most of their time); an ``AssertionError``
+    naming the strategy when none of the draws does."""
+    try:
+        return found(strategy, condition, drawing(max_examples, phases=DRAWN_ONLY, derandomize=True,
+                                                  health_checks=ALL_HEALTH_CHECKS))
+    except NoSuchExample:
+        raise AssertionError(f"none of {max_examples} draws of {strategy!r:.300} meets the condition "
+                             f"{getattr(condition, '__qualname__', condition)}") from None
 
 
 def fails(session: Session, property_id: str, example: Example, mutant: str | None) -> str | None:

@@ -5,7 +5,6 @@ unsupported while V1 is still checked, and the strategy reaches the corners."""
 import itertools
 
 import torch
-from hypothesis import find
 
 from conformance.assertions import assert_within_bound
 from conformance.core.cases import CombineCase
@@ -13,7 +12,14 @@ from conformance.core.example import Example, RankInputs
 from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
 from conformance.strategies.combine import combine_cases
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, examples_to_catch, fails, sample
+from tests.helpers.meta import (
+    assert_caught,
+    assert_holds,
+    assert_reaches,
+    examples_to_catch,
+    fails,
+    sample,
+)
 
 P5 = "P5-combine"
 
@@ -134,22 +140,22 @@ def test_p5_strategy_reaches_the_corners() -> None:
         return any(c == n for r in range(example.world_size) for c in reach_counts(example, inputs, r))
 
     for num_bias in (0, 1, 2):
-        find(strategy, lambda c, n=num_bias: c.num_bias == n, settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.mode == "exact", settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.v1_num_sms == 0, settings=FIND_SETTINGS)  # the default configs
-    find(strategy, lambda c: c.v1_num_sms not in (0, 20), settings=FIND_SETTINGS)  # a table entry, other SMs
-    find(strategy, lambda c: c.mode == "bounded", settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.example.hidden == 128, settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.example.hidden != 128, settings=FIND_SETTINGS)
-    find(strategy, lambda c: 0 in c.example.tokens_per_rank, settings=FIND_SETTINGS)
-    find(strategy, lambda c: reaches(c.example, 2), settings=FIND_SETTINGS)  # summed over two ranks
-    find(strategy, lambda c: reaches(c.example, 0), settings=FIND_SETTINGS)  # bias only / +0.0
+        assert_reaches(strategy, lambda c, n=num_bias: c.num_bias == n)
+    assert_reaches(strategy, lambda c: c.mode == "exact")
+    assert_reaches(strategy, lambda c: c.v1_num_sms == 0)  # the default configs
+    assert_reaches(strategy, lambda c: c.v1_num_sms not in (0, 20))  # a table entry, other SMs
+    assert_reaches(strategy, lambda c: c.mode == "bounded")
+    assert_reaches(strategy, lambda c: c.example.hidden == 128)
+    assert_reaches(strategy, lambda c: c.example.hidden != 128)
+    assert_reaches(strategy, lambda c: 0 in c.example.tokens_per_rank)
+    assert_reaches(strategy, lambda c: reaches(c.example, 2))  # summed over two ranks
+    assert_reaches(strategy, lambda c: reaches(c.example, 0))  # bias only / +0.0
     # the spread draws do not hide the narrow corners: top-1, routing to one rank, every slot masked
-    find(strategy, lambda c: c.example.num_topk == 1, settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.example.routing == "one_rank", settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.example.mask_ratio == 1.0, settings=FIND_SETTINGS)
-    find(strategy, lambda c: c.mode == "exact" and c.num_bias == 2 and reaches(c.example, 2), settings=FIND_SETTINGS)
-    find(combine_cases(4), lambda c: reaches(c.example, 4), settings=FIND_SETTINGS)  # every rank of two nodes
+    assert_reaches(strategy, lambda c: c.example.num_topk == 1)
+    assert_reaches(strategy, lambda c: c.example.routing == "one_rank")
+    assert_reaches(strategy, lambda c: c.example.mask_ratio == 1.0)
+    assert_reaches(strategy, lambda c: c.mode == "exact" and c.num_bias == 2 and reaches(c.example, 2))
+    assert_reaches(combine_cases(4), lambda c: reaches(c.example, 4))  # every rank of two nodes
 
 
 # ------------------------------------------------------------------------------------------ the reduction tree

@@ -2,12 +2,11 @@
 right by hand, the property holds on the emulation (one and two nodes), and the strategy reaches the corners."""
 
 import torch
-from hypothesis import find
 
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.oracle.reduction import expected_round_trip_bf16, reach_counts
 from conformance.strategies.combine import round_trip_examples
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P6 = "P6-round-trip"
 
@@ -51,12 +50,12 @@ def _counts(example: Example) -> list[int]:
 
 def test_p6_strategy_reaches_the_corners() -> None:
     strategy = round_trip_examples(2)
-    find(strategy, lambda e: 0 in _counts(e), settings=FIND_SETTINGS)  # a token reached no rank
-    find(strategy, lambda e: e.world_size in _counts(e), settings=FIND_SETTINGS)  # a token reached every rank
-    find(strategy, lambda e: e.payload == "special" and 2 in _counts(e), settings=FIND_SETTINGS)
+    assert_reaches(strategy, lambda e: 0 in _counts(e))  # a token reached no rank
+    assert_reaches(strategy, lambda e: e.world_size in _counts(e))  # a token reached every rank
+    assert_reaches(strategy, lambda e: e.payload == "special" and 2 in _counts(e))
     for payload in ("integers", "random"):
-        find(strategy, lambda e, p=payload: e.payload == p, settings=FIND_SETTINGS)
-    find(strategy, lambda e: e.hidden == 128, settings=FIND_SETTINGS)  # V2 combine limit
+        assert_reaches(strategy, lambda e, p=payload: e.payload == p)
+    assert_reaches(strategy, lambda e: e.hidden == 128)  # V2 combine limit
 
 
 def test_reductions_may_flush_subnormals_but_not_change_normal_values() -> None:

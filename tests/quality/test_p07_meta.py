@@ -3,12 +3,11 @@ canonicalisation, -0.0 flushing) are caught by P1 and by P7 with special payload
 emulation (one and two nodes); the strategy reaches the corners."""
 
 import torch
-from hypothesis import find
 
 from conformance.core.example import SPECIAL_BF16_BITS, build_all_inputs
 from conformance.strategies import examples
 from conformance.strategies.combine import cached_dispatch_examples
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P1 = "P1-per-expert-payloads"
 P7 = "P7-cached-dispatch"
@@ -51,8 +50,8 @@ def _has_bits(example, bits: int) -> bool:
 
 def test_p7_strategy_reaches_the_corners() -> None:
     strategy = cached_dispatch_examples(2)
-    find(strategy, lambda e: e.payload == "special" and _has_bits(e, 0x7FC1), settings=FIND_SETTINGS)  # NaN payload
-    find(strategy, lambda e: e.payload == "special" and _has_bits(e, 0x8000), settings=FIND_SETTINGS)  # -0.0
-    find(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0, settings=FIND_SETTINGS)
-    find(strategy, lambda e: min(e.tokens_per_rank) >= 8 and e.mask_ratio == 0, settings=FIND_SETTINGS)
+    assert_reaches(strategy, lambda e: e.payload == "special" and _has_bits(e, 0x7FC1))  # NaN payload
+    assert_reaches(strategy, lambda e: e.payload == "special" and _has_bits(e, 0x8000))  # -0.0
+    assert_reaches(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0)
+    assert_reaches(strategy, lambda e: min(e.tokens_per_rank) >= 8 and e.mask_ratio == 0)
     assert 0x7FC1 in SPECIAL_BF16_BITS and 0x8000 in SPECIAL_BF16_BITS

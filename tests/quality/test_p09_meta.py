@@ -3,12 +3,11 @@ the gradient oracle is right by hand, the property holds on the emulation (one a
 strategy reaches the corners."""
 
 import torch
-from hypothesis import find
 
 from conformance.core.example import Example, RankInputs, build_all_inputs
 from conformance.oracle.reduction import expected_dispatch_backward, reach_counts
 from conformance.strategies.combine import gradient_examples
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P9 = "P9-gradients"
 
@@ -72,8 +71,8 @@ def _two_slots_on_one_rank(example: Example) -> bool:
 def test_p9_strategy_reaches_the_corners() -> None:
     strategy = gradient_examples(2)
     for payload in ("integers", "random"):  # exact and bounded gradients
-        find(strategy, lambda e, p=payload: e.payload == p and e.hidden != 128, settings=FIND_SETTINGS)
-    find(strategy, lambda e: 2 in _counts(e), settings=FIND_SETTINGS)  # x.grad summed over two ranks
-    find(strategy, lambda e: 0 in _counts(e), settings=FIND_SETTINGS)  # a token with zero gradient
-    find(strategy, _two_slots_on_one_rank, settings=FIND_SETTINGS)  # weight grads from one owner, two slots
-    find(strategy, lambda e: e.mask_ratio > 0 and 1 in _counts(e), settings=FIND_SETTINGS)  # masked slots
+        assert_reaches(strategy, lambda e, p=payload: e.payload == p and e.hidden != 128)
+    assert_reaches(strategy, lambda e: 2 in _counts(e))  # x.grad summed over two ranks
+    assert_reaches(strategy, lambda e: 0 in _counts(e))  # a token with zero gradient
+    assert_reaches(strategy, _two_slots_on_one_rank)  # weight grads from one owner, two slots
+    assert_reaches(strategy, lambda e: e.mask_ratio > 0 and 1 in _counts(e))  # masked slots

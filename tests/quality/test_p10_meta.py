@@ -1,10 +1,9 @@
 """Meta-tests of P10: it catches early events, ignored previous_event (dispatch, layout, internode combine), a `with`
 that does not wait, an ignored release_handle, a hook run before the wait and a barrier that does not wait."""
 
-from hypothesis import find, settings
 
 from conformance.strategies.calls import small_examples
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, fails, sample
 
 P10 = "P10-events"
 
@@ -74,8 +73,7 @@ def test_p10_holds_on_the_emulation_including_two_nodes(emulated_session, two_no
 
 def test_p10_strategy_reaches_its_corners() -> None:
     strategy = small_examples(2)
-    generous = settings(FIND_SETTINGS, max_examples=1000)
-    find(strategy, lambda e: e.hidden == 128, settings=generous)  # V2 combine unsupported
-    find(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0, settings=generous)
-    find(strategy, lambda e: e.mask_ratio == 1.0, settings=generous)  # nothing received anywhere
-    find(strategy, lambda e: e.payload == "special", settings=generous)  # NaN/Inf bytes through events
+    assert_reaches(strategy, lambda e: e.hidden == 128, 1000)  # V2 combine unsupported
+    assert_reaches(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0, 1000)
+    assert_reaches(strategy, lambda e: e.mask_ratio == 1.0, 1000)  # nothing received anywhere
+    assert_reaches(strategy, lambda e: e.payload == "special", 1000)  # NaN/Inf bytes through events

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import find, settings
 
 from conformance.strategies.calls import qp_cases
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, sample
+from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, assert_reaches, sample
 
 P11 = "P11-qp-cap"
 
@@ -78,14 +78,13 @@ def _disagree() -> str:
 
 def test_p11_strategy_reaches_its_corners() -> None:
     strategy = qp_cases(2)
-    generous = settings(FIND_SETTINGS, max_examples=1000)
-    find(strategy, lambda c: c.num_sms not in (0, 22), settings=generous)  # differs from the automatic count
-    find(strategy, lambda c: c.offender == 1 and c.example.tokens_per_rank[1] == 0, settings=generous)
-    find(strategy, lambda c: c.over_qps >= 32, settings=generous)
-    find(strategy, lambda c: c.example.hidden == 128, settings=generous)  # combine limit on V2
-    find(strategy, lambda c: c.num_allocated_qps < 17, settings=generous)  # below even the direct automatic cap
-    find(strategy, lambda c: c.num_cpu_bytes > 0 and c.extra_bytes > 0, settings=generous)
-    find(strategy, lambda c: c.sm_write_gbs > 200 and c.nvlink_gbs < 100, settings=generous)
+    assert_reaches(strategy, lambda c: c.num_sms not in (0, 22), 1000)  # differs from the automatic count
+    assert_reaches(strategy, lambda c: c.offender == 1 and c.example.tokens_per_rank[1] == 0, 1000)
+    assert_reaches(strategy, lambda c: c.over_qps >= 32, 1000)
+    assert_reaches(strategy, lambda c: c.example.hidden == 128, 1000)  # combine limit on V2
+    assert_reaches(strategy, lambda c: c.num_allocated_qps < 17, 1000)  # below even the direct automatic cap
+    assert_reaches(strategy, lambda c: c.num_cpu_bytes > 0 and c.extra_bytes > 0, 1000)
+    assert_reaches(strategy, lambda c: c.sm_write_gbs > 200 and c.nvlink_gbs < 100, 1000)
 
 
 @pytest.mark.parametrize("nodes, ranks_per_node", [(1, 1), (1, 3), (2, 2)], ids=["1-rank", "3-ranks", "4-ranks"])

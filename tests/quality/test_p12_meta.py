@@ -2,13 +2,12 @@
 valid call is caught, a refusal that slips through truncated data is caught, and P12 holds on the emulation."""
 
 import pytest
-from hypothesis import find, settings
 
 from conformance.core.cases import BadCallCase, p12_rows
 from conformance.mutants import refusals as refusal_mutants
 from conformance.strategies.calls import bad_call_cases, bad_call_sweep, p12_rows_for
 from conformance.world.launcher import WorldShape
-from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, fails, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, fails, sample
 
 P12 = "P12-bad-input"
 ONE_NODE, TWO_NODES = WorldShape(1, 2), WorldShape(2, 2)
@@ -78,6 +77,5 @@ def test_the_sweep_covers_every_row_the_world_allows() -> None:
 
 
 def test_p12_strategy_draws_single_rows_and_several() -> None:
-    generous = settings(FIND_SETTINGS, max_examples=500)
-    find(bad_call_cases(ONE_NODE), lambda c: len(c.rows) == 1 and c.rows[0].startswith("v1_"), settings=generous)
-    find(bad_call_cases(ONE_NODE), lambda c: len({r.split("_")[0] for r in c.rows}) == 2, settings=generous)
+    assert_reaches(bad_call_cases(ONE_NODE), lambda c: len(c.rows) == 1 and c.rows[0].startswith("v1_"), 500)
+    assert_reaches(bad_call_cases(ONE_NODE), lambda c: len({r.split("_")[0] for r in c.rows}) == 2, 500)
