@@ -4,8 +4,7 @@ raw V2 left to the collector is the library's known defect; the emulation behave
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ import pytest
 from conformance.core.cases import ExitCase
 from conformance.strategies.lifecycle import exit_cases, exit_example
 from tests.conftest import ROOT, run_suite
+from tests.helpers import zygote
 from tests.helpers.meta import assert_caught, fails
 
 pytestmark = pytest.mark.slow  # a whole run of the suite or more: scheduled first (tests/conftest.py)
@@ -46,7 +46,9 @@ def test_a_wrapper_without_teardown_fails_and_one_with_a_teardown_passes(tmp_pat
     assert "no teardown" in verdict["reason"] and "illegal memory access" in verdict["reason"], verdict["reason"]
 
 
-def test_the_emulated_elastic_buffer_dies_at_exit_only_when_collected_after_its_group() -> None:
+def test_the_emulated_elastic_buffer_dies_at_exit_only_when_collected_after_its_group(tmp_path: Path) -> None:
+    """Three interpreters (forked from the self-tests' zygote, which is what a fresh one is: tests/helpers/zygote.py),
+    each exiting after ``destroy_process_group()`` with the buffer collected after it, destroyed or dropped before."""
     script = """
 import sys, torch.distributed as dist
 sys.path.insert(0, {root!r})
@@ -61,9 +63,10 @@ print("exiting", flush=True)
     outcomes = {}
     for name, explicit, before in (("collected after", False, ""), ("destroyed before", True, "KEPT.destroy()"),
                                    ("dropped before", False, "KEPT = None")):
-        proc = subprocess.run([sys.executable, "-c", script.format(root=str(ROOT), port=29000 + len(outcomes),
-                                                                   explicit=explicit, before=before)],
-                              capture_output=True, text=True, timeout=120)
+        module = f"exit_at_{len(outcomes)}"
+        (tmp_path / f"{module}.py").write_text(script.format(root=str(ROOT), port=29000 + len(outcomes),
+                                                             explicit=explicit, before=before))
+        proc, _ = zygote.run(module, [], cwd=tmp_path, env=dict(os.environ), timeout=120)
         outcomes[name] = (proc.returncode, proc.stderr)
     code, err = outcomes["collected after"]
     assert code == -6 and "cudaErrorIllegalAddress" in err and "buffer.hpp:203" in err, outcomes
