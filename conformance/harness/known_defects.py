@@ -123,9 +123,9 @@ class KnownDefects:
         on: a V1 facade over V2 passes V2's defects on), whose condition ``case`` meets and whose message
         expression (required here) ``message`` matches.  Named in the class's failure, never its verdict: the
         class's failure stays its own."""
-        for entry in self.for_property(property_id):
-            if entry.backend in versions.APIS and entry.message and entry.case_meets(case) \
-                    and entry.message_matches(message):
+        for api in versions.APIS:
+            entry = self.match(property_id, (api,), case, message)
+            if entry is not None and entry.message:
                 return entry
         return None
 

@@ -26,6 +26,15 @@ from conformance.tasks.lifecycle import exit_checks, torch_gloo_exit_abort
 REPRODUCTION = "init_process_group(...); {setup}; dispatch + combine; {end}; dist.destroy_process_group(); exit"
 
 
+#: What a death at the end of a run says of a backend that is not the library's own (``result["kind"]``).
+WHOSE_END = {
+    "plugin": " A defect of the wrapper: its processes cannot end cleanly the way its users end a run (it leaves its "
+              "buffer to the garbage collector after the group is gone, or its teardown does not release it).",
+    "class": " A defect of the class: its processes cannot end cleanly the way its API's users end a run (the end "
+             "of the run above is one its API allows).",
+}
+
+
 def describe_death(result: dict[str, Any]) -> str:
     """How the process ended, in words."""
     if result["hung"]:
@@ -45,13 +54,8 @@ def check(ctx: CheckContext, case: ExitCase, per_rank: list[dict[str, Any]]) -> 
         where = ("after destroy_process_group(), while the interpreter exited" if result["destroyed"] else
                  "after its calls returned, before destroy_process_group() returned" if result["calls_done"] else
                  "before its dispatch and combine returned")
-        culprit = (" A defect of the wrapper: its processes cannot end cleanly the way its users end a run (it "
-                   "leaves its buffer to the garbage collector after the group is gone, or its teardown does not "
-                   "release it)." if result["plugin"] else
-                   " A defect of the class: its processes cannot end cleanly the way its API's users end a run (the "
-                   "end of the run above is one its API allows)." if result["class"] else "")
-        if not result["calls_done"]:  # its calls failed (the output below), not its end
-            culprit = ""
+        # whose end it is (a wrapper's, a class's): said where the calls returned (else the calls failed, below)
+        culprit = WHOSE_END.get(result["kind"], "") if result["calls_done"] else ""
         if torch_gloo_exit_abort(result):
             culprit += (f" The abort is torch's gloo teardown (a process group still referenced at exit, after "
                         f"destroy_process_group()), {result['attempts']} attempts in a row: the backend keeps its "

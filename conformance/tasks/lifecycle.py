@@ -133,6 +133,11 @@ def _start(env: RankEnv, spec: Any, case: ExitCase, attempt: int) -> tuple[int, 
     return zygote().start(child_env, orders, output), output
 
 
+def kind_of(spec: Any) -> str | None:
+    """``plugin`` (a wrapper), ``class`` (a class backend not the library's own), else ``None`` (the library)."""
+    return "plugin" if spec.plugin else "class" if spec.substitute and not spec.library else None
+
+
 def _result(env: RankEnv, name: str, case: ExitCase, pid: int, output: str, deadline: float) -> dict[str, Any]:
     code = zygote().wait(pid, max(1.0, deadline - time.monotonic()))
     hung = code is None
@@ -151,8 +156,7 @@ def _result(env: RankEnv, name: str, case: ExitCase, pid: int, output: str, dead
         "tail": text[-TAIL_CHARS:],
         "end": next((line[len(ENDING):] for line in text.splitlines() if line.startswith(ENDING)),
                     describe_end(env.spec(name), case.scenario)),
-        "plugin": env.spec(name).plugin,
-        "class": env.spec(name).substitute and not env.spec(name).library,  # a class backend not the library's own
+        "kind": kind_of(env.spec(name)),
         "attempts": 1,
     }
 

@@ -22,8 +22,14 @@ from conformance.harness.hypothesis_glue import (
 from conformance.harness.hypothesis_glue import sample as sample
 from conformance.harness.session import Session
 
+
+def searching(max_examples: int, phases: tuple = NEW_DRAWS) -> Any:
+    """The settings of a meta-test's search for one case: ``max_examples`` derandomized draws, ``phases``."""
+    return drawing(max_examples, phases=phases, derandomize=True, health_checks=ALL_HEALTH_CHECKS)
+
+
 #: Generous budget for finding a killing example; mutants are planted to be findable well within it.
-FIND_SETTINGS = drawing(60, phases=NEW_DRAWS, derandomize=True, health_checks=ALL_HEALTH_CHECKS)
+FIND_SETTINGS = searching(60)
 
 
 def assert_reaches(strategy: st.SearchStrategy[Any], condition: Callable[[Any], bool],
@@ -32,8 +38,7 @@ def assert_reaches(strategy: st.SearchStrategy[Any], condition: Callable[[Any], 
     strategy's reach needs no minimal case: shrinking cost the meta-tests most of their time); an ``AssertionError``
     naming the strategy when none of the draws does."""
     try:
-        return found(strategy, condition, drawing(max_examples, phases=DRAWN_ONLY, derandomize=True,
-                                                  health_checks=ALL_HEALTH_CHECKS))
+        return found(strategy, condition, searching(max_examples, DRAWN_ONLY))
     except NoSuchExample:
         raise AssertionError(f"none of {max_examples} draws of {strategy!r:.300} meets the condition "
                              f"{getattr(condition, '__qualname__', condition)}") from None
@@ -61,8 +66,7 @@ def assert_caught(
     Returns the shrunk example and the failure message.
     """
     example = found(strategy, lambda ex: fails(session, property_id, ex, mutant) is not None,
-                    drawing(max_examples, phases=NEW_DRAWS if shrink else DRAWN_ONLY, derandomize=True,
-                            health_checks=ALL_HEALTH_CHECKS))
+                    searching(max_examples, NEW_DRAWS if shrink else DRAWN_ONLY))
     message = fails(session, property_id, example, mutant)
     assert message is not None
     clean = fails(session, property_id, example, None)
