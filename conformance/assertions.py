@@ -6,7 +6,7 @@ expected ... [ElasticBuffer.dispatch(...) on rank 1]``.  Bit patterns are shown 
 payloads, -0.0 and subnormals are visible.  ``__tracebackhide__`` keeps pytest's traceback on the property.
 
 :func:`for_each_backend` is the one loop over ranks x backends x consecutive backend pairs that the checks
-share; it records :class:`~conformance.core.views.Unsupported` results instead of checking them.
+share; it records :class:`~conformance.core.views.NotChecked` results instead of checking them.
 
 (Over 400 lines: the helpers share the formatting and the byte views below, and splitting them by property
 would bring back the duplicates this module replaced.)
@@ -24,7 +24,8 @@ import torch
 
 from conformance.canonical import Token, receipts_from_view
 from conformance.core.example import Example, RankInputs, build_all_inputs
-from conformance.core.views import DispatchView, Raised, Unsupported
+from conformance.core.outcomes import NotChecked
+from conformance.core.views import DispatchView, Raised
 from conformance.oracle import ExpectedSum, Receipts, expected_receipts
 from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.tree import tree_groups
@@ -38,11 +39,12 @@ SMALLEST_NORMAL = torch.finfo(torch.float32).tiny
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-class RecordsUnsupported(Protocol):
-    """Where the helpers note a backend's clean rejection of a configuration, and which backend (or pair of
-    backends) they are checking, so that a failure is charged to it (the check's context)."""
+class RecordsNotChecked(Protocol):
+    """Where the helpers note what a backend was not checked on (its clean rejection of a configuration: a
+    :class:`~conformance.core.outcomes.NotChecked` result), and which backend (or pair of backends) they are
+    checking, so that a failure is charged to it (the check's context)."""
 
-    def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
+    def not_checked(self, item: NotChecked, case: Any = None) -> None: ...
 
     def checking(self, backends: tuple[str, ...] | None) -> None: ...
 
@@ -153,7 +155,7 @@ def _shape_message(name: str, rank: int, got: torch.Tensor, expected: torch.Tens
 
 
 def for_each_backend(
-    recorder: RecordsUnsupported,
+    recorder: RecordsNotChecked,
     case: Any,
     per_rank: list[dict[str, Any]],
     check: Callable[[int, str, Any], Any],
@@ -161,7 +163,7 @@ def for_each_backend(
     *,
     backend_major: bool = False,
 ) -> None:
-    """For every rank and backend: ``check(rank, backend, result)`` (an :class:`Unsupported` result is recorded,
+    """For every rank and backend: ``check(rank, backend, result)`` (an :class:`NotChecked` result is recorded,
     not checked); then ``pairwise(rank, (first, a), (other, b))`` for each compared pair of checked backends (the
     context's ``pairs(names)``, ``conformance.harness.pairs.compared_pairs``; consecutive ones for a context without
     it), with what ``check`` returned (the result itself when it returned ``None``)."""
@@ -175,8 +177,8 @@ def for_each_backend(
     for rank, per_backend in enumerate(per_rank):
         seen: list[tuple[str, Any]] = []
         for backend, result in per_backend.items():
-            if isinstance(result, Unsupported):
-                recorder.record_unsupported(result, case)
+            if isinstance(result, NotChecked):
+                recorder.not_checked(result, case)
                 continue
             recorder.checking((backend,))
             value = check(rank, backend, result)
@@ -189,17 +191,17 @@ def for_each_backend(
     recorder.checking(None)
 
 
-def per_supported_backend(recorder: RecordsUnsupported, per_rank: list[dict[str, Any]], case: Any
+def per_supported_backend(recorder: RecordsNotChecked, per_rank: list[dict[str, Any]], case: Any
                           ) -> Iterator[tuple[str, list[Any]]]:
-    """:func:`per_backend`'s items whose results are not :class:`Unsupported` (those are recorded for ``case``)."""
+    """:func:`per_backend`'s items whose results are not :class:`NotChecked` (those are recorded for ``case``)."""
     for backend, results in per_backend(recorder, per_rank):
-        if isinstance(results[0], Unsupported):
-            recorder.record_unsupported(results[0], case)
+        if isinstance(results[0], NotChecked):
+            recorder.not_checked(results[0], case)
         else:
             yield backend, results
 
 
-def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[dict[str, Any]],
+def _each_backend_whole(recorder: RecordsNotChecked, case: Any, per_rank: list[dict[str, Any]],
                         check: Callable[[int, str, Any], Any]) -> None:
     """Every rank of one backend, then the next, each backend to its end: one that held is counted as held (the
     context's ``complete``) even when another fails; once every backend was checked, the first failure is raised,
@@ -213,15 +215,15 @@ def _each_backend_whole(recorder: RecordsUnsupported, case: Any, per_rank: list[
         try:
             for rank, per_backend in enumerate(per_rank):
                 result = per_backend[backend]
-                if isinstance(result, Unsupported):
-                    recorder.record_unsupported(result, case)
+                if isinstance(result, NotChecked):
+                    recorder.not_checked(result, case)
                     continue
                 recorder.checking((backend,))
                 check(rank, backend, result)
         except AssertionError as failure:
             failures[backend] = failure
             continue
-        if complete is not None and not any(isinstance(r[backend], Unsupported) for r in per_rank):
+        if complete is not None and not any(isinstance(r[backend], NotChecked) for r in per_rank):
             complete((backend,))
     recorder.checking((next(iter(failures)),) if failures else None)
     if failures:
@@ -241,7 +243,7 @@ def by_backend(per_rank: list[dict[str, Any]]) -> dict[str, list[Any]]:
     return {backend: [ranks[backend] for ranks in per_rank] for backend in (per_rank[0] if per_rank else {})}
 
 
-def per_backend(recorder: RecordsUnsupported, per_rank: list[dict[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
+def per_backend(recorder: RecordsNotChecked, per_rank: list[dict[str, Any]]) -> Iterator[tuple[str, list[Any]]]:
     """:func:`by_backend`'s items, telling ``recorder`` which backend is being checked (a failure raised in the
     loop body is charged to it)."""
     for backend, results in by_backend(per_rank).items():
@@ -406,12 +408,12 @@ def refused_on_every_rank(outcomes: Sequence[Any], *, call: str) -> bool:
     return False
 
 
-def assert_view_matches_oracle(recorder: RecordsUnsupported, example: Example, rank: int,
-                               view: DispatchView | Unsupported, *, after: str = "") -> DispatchView | None:
-    """``view`` holds the oracle's receipts for ``rank`` (an :class:`Unsupported` view is recorded, not failed)."""
+def assert_view_matches_oracle(recorder: RecordsNotChecked, example: Example, rank: int,
+                               view: DispatchView | NotChecked, *, after: str = "") -> DispatchView | None:
+    """``view`` holds the oracle's receipts for ``rank`` (an :class:`NotChecked` view is recorded, not failed)."""
     __tracebackhide__ = True
-    if isinstance(view, Unsupported):
-        recorder.record_unsupported(view, example)
+    if isinstance(view, NotChecked):
+        recorder.not_checked(view, example)
         return None
     expected = _oracle_receipts(example, rank)
     call = view.call + (f" (the call right after {after})" if after else "")
@@ -760,7 +762,7 @@ def assert_no_side_effect(raised: list[Raised], *, call: str, what: str = "the c
             raise AssertionError(f"rank {rank}: {what} ({got}) {got.side_effect} [{call}]")
 
 
-def assert_refused_then_usable(recorder: RecordsUnsupported, example: Example, results: list[dict[str, Any]], *,
+def assert_refused_then_usable(recorder: RecordsNotChecked, example: Example, results: list[dict[str, Any]], *,
                                refused: str, after: str, call: str, what: str, **expected: Any) -> None:
     """A refused call: ``results[rank][refused]`` (a :class:`Raised`) shows it raised on every rank (with
     ``expected`` type / message / prefix, see :func:`assert_raised_everywhere`), and the valid dispatch right

@@ -23,6 +23,8 @@ import sysconfig
 from pathlib import Path
 from types import TracebackType
 
+from conformance.core.outcomes import Why
+
 #: The suite's package directory.
 SUITE_ROOT = Path(__file__).resolve().parents[1]
 #: Folders of the package whose code stands for a backend, not for the suite.
@@ -32,7 +34,9 @@ BACKEND_SIDE = ("emulation", "mutants", "integrations")
 class NotSupported(Exception):  # noqa: N818 - an outcome, not an error
     """Raised by a backend for a configuration it cannot handle (e.g. a wrapper without ``expert_alignment``, a class
     backend whose instance lacks a call of the API): reported as ``unsupported`` for that backend and example, with
-    this message as the reason."""
+    this message as the reason.  ``why``: the kind of reason (a set-up limit's subclass says ``setup``)."""
+
+    why = Why.DECLINED
 
 
 class ApiViolation(AssertionError):

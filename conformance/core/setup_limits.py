@@ -8,10 +8,10 @@ limit is of the real DeepEP only: the emulation (every CPU run) has none, and a 
 limited (a limit here is a property of the hardware set-up and the real library together, not of the contract).
 
 Where a limit names a call, the task does not make it: the configuration is reported ``unsupported`` for that
-backend and set-up, with the limit's reason (:meth:`SetupLimit.reason`), through the suite's existing outcomes (a
-backend's ``NotSupported`` / ``Unsupported`` result, or ``record_not_checked`` for one part of a check), and is
-checked where the set-up allows it.  ``python -m conformance.docs --write`` writes the table of ``docs/reference.md``
-from :data:`SETUP_LIMITS`.
+backend and set-up, with the limit's reason (:meth:`SetupLimit.reason`), through the suite's one outcome for it (a
+``NotChecked`` of kind ``setup``: a backend's ``NotSupported`` result, or ``ctx.not_checked`` for one part of a
+check), and is checked where the set-up allows it.  ``python -m conformance.docs --write`` writes the table of
+``docs/reference.md`` from :data:`SETUP_LIMITS`.
 
 Set-ups without entries, and why: *one GPU per rank* (``isolated``, ``recorder``): nothing known to hang or fail;
 *no IBGDA* (an NVLink-only host: NVSHMEM's IBGDA transport does not initialise): not a set-up the rank can tell, and

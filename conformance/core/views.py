@@ -131,16 +131,6 @@ def v2_layout(view: DispatchView) -> V2Layout:
     return view.layout
 
 
-@dataclass
-class Unsupported:
-    """A backend cleanly rejected a configuration the contract allows (a capability gap, not a crash)."""
-
-    backend: str
-    call: str
-    error: str
-    condition: str = ""  # the known limit's condition, e.g. "hidden == 128" (backends.limits)
-
-
 @dataclass(frozen=True)
 class Raised:
     """What one call raised on one rank (``None`` fields: it did not raise); ``side_effect``: what the call left

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from conformance.core.ids import CallId
+from conformance.core.outcomes import NotChecked, Why
 from conformance.world.errors import RankCrashed, RankFailure, RankTimeout, describe_call
 
 #: Seconds of crashed or hung examples one property may spend before it stops.
@@ -161,11 +162,12 @@ class HungBackend:
     case: Any
     timeout_s: float
 
-    def not_checked(self) -> str:
-        """What the backend's column lists as not checked."""
-        return (f"hung in {describe_call(self.cause['call']) if self.cause.get('call') else 'its calls'} on one "
-                f"example (past the {self.timeout_s:g} s example timeout; the world was restarted once): its later "
-                f"examples of this property were not checked")
+    def not_checked(self) -> NotChecked:
+        """What the backend's column lists as not checked: the rest of the property."""
+        where = describe_call(self.cause["call"]) if self.cause.get("call") else "its calls"
+        return NotChecked.part(self.backend, Why.HUNG, (
+            f"hung in {where} on one example (past the {self.timeout_s:g} s example timeout; the world was restarted "
+            f"once): its later examples of this property were not checked"))
 
     def describe(self) -> str:
         """One sentence for the property's failure message."""

@@ -16,8 +16,8 @@ from conformance.backends.tracing import drain
 from conformance.core.api_coverage import calls_as_json
 from conformance.core.example import Example
 from conformance.core.ids import backend_of
+from conformance.core.outcomes import NotChecked, Span
 from conformance.core.raisers import SuiteError
-from conformance.core.views import Unsupported
 from conformance.harness.config import RunConfig
 from conformance.harness.faults import (
     KNOWN_DEFECT_RESTARTS,
@@ -52,6 +52,7 @@ class Recorder:
     not_applicable: str | None = None  # why the property could not be checked with the selected backends
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts of the check it cannot take
+    why: dict[str, list[str]] = field(default_factory=dict)  # backend -> the kinds of reason of all three (Why)
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove (construction preflight)
     distinct: set[str] = field(default_factory=set)  # the distinct cases checked
     #: the distinct (hidden, top-k, experts, pinned maximum, alignment) of the examples checked: the template
@@ -90,6 +91,7 @@ class Recorder:
             "not_applicable": self.not_applicable,
             "excluded": self.excluded,
             "not_checked": self.not_checked,
+            "why": self.why,
             "seen": self.seen,
             "distinct_examples": len(self.distinct),
             "shapes": sorted(self.shapes),
@@ -200,7 +202,7 @@ class Session:
         """The world's shape (nodes x ranks per node)."""
         return self.config.shape
 
-    def excluded(self, prop: Property) -> dict[str, str]:
+    def excluded(self, prop: Property) -> dict[str, NotChecked]:
         """The selected backends ``prop`` does not apply to, with the reason (:meth:`Property.exclusions`)."""
         return prop.exclusions(self.config.backends)
 
@@ -212,10 +214,11 @@ class Session:
 
         return spec.contract if spec is not None else versions.under_test()
 
-    def settings_for(self, prop: Property, include_broken: bool = False, excluded: dict[str, str] | None = None
-                     ) -> TaskSettings:
+    def settings_for(self, prop: Property, include_broken: bool = False,
+                     excluded: dict[str, NotChecked] | None = None) -> TaskSettings:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
-        it needs, the planted mutant.  The others are recorded (``recorder.excluded``) with the reason.  Backends
+        it needs, the planted mutant.  The others are recorded (:meth:`not_checked`, span ``property``) with the
+        reason.  Backends
         the construction preflight found broken are left out too (their failure is reported by the driver), unless
         ``include_broken`` or the property runs on a broken build (``runs_when_broken``: it then gets their names in
         ``TaskSettings.broken`` and makes no call on them).
@@ -228,11 +231,13 @@ class Session:
         hung = self.recorder.hung  # backends whose calls hung on an earlier example of this property
         specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out
                       and b.name not in hung and b.name not in self.left_out)
-        self.recorder.excluded = dict(excluded)
+        for item in excluded.values():
+            self.not_checked(item)
         if not specs and hung:
             raise AllHung(f"every backend of {prop.id} hung once ({', '.join(hung)}): nothing is left to check")
         if not specs:
-            raise NotApplicable("; ".join(excluded.values()) or f"{prop.id}: --backends selected no backend")
+            raise NotApplicable("; ".join(item.reason for item in excluded.values())
+                                or f"{prop.id}: --backends selected no backend")
         return TaskSettings(specs, self.mutant, tuple(b.name for b in specs if b.name in found))
 
     def run(self, task: Callable[..., Any], case: Any, settings: TaskSettings | None = None) -> list[Any]:
@@ -445,7 +450,7 @@ class Session:
         cause = {**cause_of(hang, backend), "contained": True}  # (the report: no budget was spent on it)
         hung = HungBackend(backend, cause, case, self.config.example_timeout_s)
         self.recorder.hung[backend] = hung
-        self.record_not_checked(backend, hung.not_checked())
+        self.not_checked(hung.not_checked())
         self.budget.charge(hang, case, self.config.example_timeout_s, contained=True)
         return backend
 
@@ -552,21 +557,34 @@ class Session:
                 self.recorder.api_calls.update(calls)
 
     # ------------------------------------------------------------------------------------- recording
-    def record_unsupported(self, item: Unsupported, case: Any) -> None:
-        """Remember that a backend rejected a configuration (reported as ``unsupported``).
-
-        Called once per rank; ``count`` is the number of distinct cases rejected.
-        """
-        text = case.to_json()
-        entry = self.recorder.unsupported.setdefault(
-            item.backend, {"call": item.call, "error": item.error, "condition": item.condition, "count": 0,
-                           "example": text}
-        )
-        self.recorder.tally.exclude(item.backend, item.condition or f"{item.call} raised {item.error[:80]}")
-        seen = self.recorder.rejected.setdefault(item.backend, set())
-        if text not in seen:
-            seen.add(text)
-            entry["count"] += 1
+    def not_checked(self, item: NotChecked, case: Any = None) -> None:
+        """Remember what ``item.backend`` was not checked on, and why: the one way the checks, the harness and a
+        rank task's result (a configuration the backend declined) say it.  By its span: the whole property
+        (``excluded``: an ``unsupported`` column with the reason), one example (``case``, rejected: ``unsupported``
+        with the call and what it raised, counted in the column's exclusions beside its verdict; called once per
+        rank, ``count`` is the number of distinct cases) or a part of the check (``not_checked``, listed with the
+        backend's verdict).  The kind of reason goes into the column's ``why``."""
+        recorder = self.recorder
+        kinds = recorder.why.setdefault(item.backend, [])
+        if item.why.value not in kinds:
+            kinds.append(item.why.value)
+        if item.span is Span.PROPERTY:
+            recorder.excluded[item.backend] = item.reason
+        elif item.span is Span.PART:
+            reasons = recorder.not_checked.setdefault(item.backend, [])
+            if item.reason not in reasons:
+                reasons.append(item.reason)
+        else:
+            text = case.to_json()
+            entry = recorder.unsupported.setdefault(
+                item.backend, {"call": item.call, "error": item.error, "condition": item.condition, "count": 0,
+                               "example": text}
+            )
+            recorder.tally.exclude(item.backend, item.condition or f"{item.call} raised {item.error[:80]}")
+            seen = recorder.rejected.setdefault(item.backend, set())
+            if text not in seen:
+                seen.add(text)
+                entry["count"] += 1
 
     def record_artifact(self, key: str, value: Any) -> None:
         """Attach a JSON-able artifact (e.g. an API-surface snapshot) to the property's report entry."""
@@ -578,13 +596,6 @@ class Session:
         seen = self.recorder.artifacts.setdefault(key, {}).setdefault(backend, {}).setdefault(what, [])
         if value not in seen:
             seen.append(value)
-
-    def record_not_checked(self, backend: str, what: str) -> None:
-        """Remember a part of the check that ``backend`` cannot take (it lacks the capability): listed under
-        ``not_checked`` in the report, with the backend's verdict."""
-        reasons = self.recorder.not_checked.setdefault(backend, [])
-        if what not in reasons:
-            reasons.append(what)
 
     def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None:
         """Remember a documented behavioural divergence (reported as ``divergence``, not a failure) seen on

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 from conformance.core.example import Example
 from conformance.core.ids import sort_key  # noqa: F401  (re-exported: catalog order)
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.spec import APIS, CAPABILITIES, BackendSpec, Capability
-from conformance.core.views import Unsupported
 
 #: The APIs a backend can drive.
 ALL_APIS = ("v1", "v2")
@@ -38,7 +38,8 @@ class CheckContext(Protocol):
     @property
     def shape(self) -> Any: ...  # conformance.world.launcher.WorldShape: nodes, ranks_per_node, size
 
-    def record_unsupported(self, item: Unsupported, case: Any) -> None: ...
+    #: what a backend was not checked on and why (a whole property, one example: ``case``, a part of the check)
+    def not_checked(self, item: NotChecked, case: Any = None) -> None: ...
 
     def record_divergence(self, key: str, message: str, backends: tuple[str, ...] | None = None) -> None: ...
 
@@ -46,7 +47,6 @@ class CheckContext(Protocol):
 
     def record_seen(self, key: str, backend: str, what: str, value: str) -> None: ...  # artifact over examples
 
-    def record_not_checked(self, backend: str, what: str) -> None: ...  # a part of the check a backend cannot take
     def checking(self, backends: tuple[str, ...] | None) -> None: ...  # the backend (or pair) now checked
 
     def contract(self, backend: str) -> Any: ...  # conformance.versions.Contract of the version backend is driven by
@@ -86,7 +86,9 @@ class BackendsFailed(AssertionError):
 
 
 class NotApplicable(Exception):  # noqa: N818 - an outcome, not an error
-    """The property cannot be checked with the selected backends; reported as ``unsupported`` with the reason."""
+    """The property cannot be checked with the selected backends (each was recorded as not checked, span
+    ``property``: :meth:`Property.exclusions`, or none was selected); the property is reported ``unsupported`` with
+    the reasons.  (Control flow: the property draws nothing.)"""
 
 
 @dataclass(frozen=True)
@@ -154,19 +156,22 @@ class Property:
                     + ", ".join(f"'{m}' ({CAPABILITIES[m]})" for m in missing) + f" that {self.id} needs")
         return None
 
-    def exclusions(self, backends: Iterable[BackendSpec]) -> dict[str, str]:
-        """The ``backends`` this property does not check, with the reason: another API, a missing capability
-        (:meth:`applies_to`), or the backend's DeepEP version removed its API or a capability the property needs
-        (:meth:`BackendSpec.version_excludes`: the version's own reason, e.g. "DeepEP 2.5.0 removed the legacy
-        Buffer")."""
-        out: dict[str, str] = {}
+    def exclusions(self, backends: Iterable[BackendSpec]) -> dict[str, NotChecked]:
+        """The ``backends`` this property does not check (span ``property``), with the reason and its kind: another
+        API (``api``), a missing capability (``capability``, :meth:`applies_to`), or the backend's DeepEP version
+        removed its API or a capability the property needs (``removed``, :meth:`BackendSpec.version_excludes`: the
+        version's own reason, e.g. "DeepEP 2.5.0 removed the legacy Buffer")."""
+        out: dict[str, NotChecked] = {}
         for b in backends:
             reason = self.applies_to(b.api, b.capabilities, b.name, b.class_name)
-            if b.api in self.apis:
-                reason = b.version_excludes(self.needs) or reason
+            kind = Why.CAPABILITY if b.api in self.apis else Why.API
+            removed = b.version_excludes(self.needs) if b.api in self.apis else None
+            if removed:
+                reason, kind = removed, Why.REMOVED
             if reason is not None:
-                why = [w for w in (b.why_lacks(need) for need in self.needs) if w] if b.api in self.apis else []
-                out[b.name] = reason + "".join(f" ({w})" for w in dict.fromkeys(why))
+                lacks = [w for w in (b.why_lacks(need) for need in self.needs) if w] if b.api in self.apis else []
+                out[b.name] = NotChecked.excluded(b.name, kind, reason + "".join(f" ({w})" for w in
+                                                                                 dict.fromkeys(lacks)))
         return out
 
     @property
@@ -236,7 +241,7 @@ class Selection:
     ``pairs``.)"""
 
     prop: Property
-    excluded: dict[str, str]
+    excluded: dict[str, NotChecked]
     backends: tuple[BackendSpec, ...]
 
 

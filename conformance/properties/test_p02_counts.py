@@ -8,6 +8,7 @@ from typing import Any
 from conformance.assertions import as_ints, assert_ints_equal, for_each_backend
 from conformance.canonical import api_of
 from conformance.core.example import Example, RankInputs, build_all_inputs
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.views import DispatchView, v1_layout, v2_layout
 from conformance.oracle import (
     expected_aligned_counts,
@@ -89,9 +90,10 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     def against_oracle(rank: int, backend: str, view: DispatchView) -> None:
         applied = applied_example(view)
         if applied.expert_alignment != example.expert_alignment:
-            ctx.record_not_checked(backend, f"P2 counts at the examples' expert_alignment > 1: the backend does not "
-                                            f"declare the capability 'expert_alignment'; its counts were checked at "
-                                            f"the alignment it applies ({applied.expert_alignment})")
+            ctx.not_checked(NotChecked.part(
+                backend, Why.CAPABILITY, f"P2 counts at the examples' expert_alignment > 1: the backend does not "
+                                         f"declare the capability 'expert_alignment'; its counts were checked at "
+                                         f"the alignment it applies ({applied.expert_alignment})"))
         assert_ints_equal(
             f"num_recv_tokens_per_expert_list[rank {rank}]", view.num_recv_tokens_per_expert,
             expected_aligned_counts(applied, inputs, rank), call=view.call,
@@ -99,8 +101,9 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             f"expert_alignment={applied.expert_alignment}",
         )
         if view.layout is None:  # a plug-in that does not expose its layout (capability 'layout')
-            ctx.record_not_checked(backend, "P2 layout outputs (V1 get_dispatch_layout / V2 handle prefix sums): "
-                                            "the backend does not declare the capability 'layout'")
+            ctx.not_checked(NotChecked.part(
+                backend, Why.CAPABILITY, "P2 layout outputs (V1 get_dispatch_layout / V2 handle prefix sums): "
+                                         "the backend does not declare the capability 'layout'"))
         elif api_of(view) == "v2":
             check_v2_counts(view, applied, inputs, rank)
         else:

@@ -76,7 +76,7 @@ def check(ctx: CheckContext, case: CombineCase, per_rank: list[dict[str, Any]]) 
                          world_size=example.world_size, two_level=two_level, name="combined_x", rank=rank,
                          call=result.call, require_determined=case.mode == "exact")
         if result.not_checked:
-            ctx.record_not_checked(backend, result.not_checked)
+            ctx.not_checked(result.not_checked)
             return
         if result.combined_topk_weights is None:
             raise AssertionError(f"combined_topk_weights[rank {rank}] is None though topk_weights were passed "

@@ -17,7 +17,7 @@ from conformance.assertions import (
     per_backend,
 )
 from conformance.core.example import Example
-from conformance.core.views import Unsupported
+from conformance.core.outcomes import NotChecked, Why
 from conformance.oracle.recorded import expected_refusal
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -64,11 +64,12 @@ def check_backend(ctx: CheckContext, example: Example, backend: str, results: li
                                call=f"{backend} ElasticBuffer.barrier({given}) on rank {rank} (the last rank entered "
                                     f"late; read after the barrier completed)", why="every rank")
         combine = got.get("combine")
-        if isinstance(combine, Unsupported):
-            ctx.record_unsupported(combine, example)
+        if isinstance(combine, NotChecked):
+            ctx.not_checked(combine, example)
         elif "combine_sync" not in got:
-            ctx.record_not_checked(backend, "async combine waited on = synchronous combine: the backend does not "
-                                            "declare the capability 'combine'")
+            ctx.not_checked(NotChecked.part(
+                backend, Why.CAPABILITY, "async combine waited on = synchronous combine: the backend does not "
+                                         "declare the capability 'combine'"))
         else:
             call = (f"{backend} combine(expert outputs a compute is still writing, handle, topk_weights, async, "
                     f"previous_event=capture(), allocate_on_comm_stream=True) waited by `with "

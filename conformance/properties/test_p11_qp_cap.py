@@ -12,7 +12,7 @@ from typing import Any
 
 from conformance.assertions import assert_bytes_equal, assert_refused_then_usable, assert_value_equal, per_backend
 from conformance.core.cases import QpCase
-from conformance.core.views import Unsupported
+from conformance.core.outcomes import NotChecked
 from conformance.oracle.recorded import expected_refusal
 from conformance.oracle.schedule import CPU_DEVICE_SMS, expected_num_qps, expected_num_sms
 from conformance.properties import CheckContext, Property, register
@@ -94,8 +94,8 @@ def check(ctx: CheckContext, case: QpCase, per_rank: list[dict[str, Any]]) -> No
     __tracebackhide__ = True
     example = case.example
     for backend, results in per_backend(ctx, per_rank):
-        if any(isinstance(got, Unsupported) for got in results):  # not built here (a set-up limit)
-            ctx.record_unsupported(next(got for got in results if isinstance(got, Unsupported)), case)
+        if any(isinstance(got, NotChecked) for got in results):  # not built here (a set-up limit)
+            ctx.not_checked(next(got for got in results if isinstance(got, NotChecked)), case)
             continue
         for rank, got in enumerate(results):
             _check_caps(got, case, ctx.shape, backend, rank, ctx.contract(backend).rules)

@@ -40,8 +40,8 @@ from typing import Any
 
 from conformance.assertions import assert_no_side_effect, assert_raised_everywhere, assert_view_matches_oracle
 from conformance.core.cases import BadCallCase, p12_rows
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.spec import is_builtin_name
-from conformance.core.views import Unsupported
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies.calls import bad_call_cases, bad_call_sweep
 from conformance.tasks.bad_input import bad_call_results
@@ -101,14 +101,15 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
 
 
 def _not_made(ctx: CheckContext, backend: str, row_id: str, what: str, results: list[Any]) -> bool:
-    """Whether a set-up limit kept the call from being made (an :class:`Unsupported` result on every rank: the
+    """Whether a set-up limit kept the call from being made (an :class:`NotChecked` result on every rank: the
     recipes are the same on every rank): then recorded as a part of the check ``backend`` could not take here, with
     the limit's reason and evidence, and not checked."""
-    limited = [r for r in results if isinstance(r, Unsupported)]
+    limited = [r for r in results if isinstance(r, NotChecked)]
     if not limited:
         return False
-    ctx.record_not_checked(backend, f"refusal row {row_id}: {what} was not made ({limited[0].condition})")
-    ctx.record_not_checked(backend, limited[0].error)
+    ctx.not_checked(NotChecked.part(
+        backend, Why.SETUP, f"refusal row {row_id}: {what} was not made ({limited[0].condition})"))
+    ctx.not_checked(NotChecked.part(backend, Why.SETUP, limited[0].error))
     return True
 
 

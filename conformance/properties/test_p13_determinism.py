@@ -17,7 +17,8 @@ from conformance.assertions import (
 )
 from conformance.canonical import api_of, comparable_fields
 from conformance.core.example import Example
-from conformance.core.views import DispatchView, Unsupported
+from conformance.core.outcomes import NotChecked
+from conformance.core.views import DispatchView
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.layout import layout_examples
@@ -92,16 +93,16 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         v1_views: list[DispatchView] = []
         det_views: list[DispatchView] = []
         for runs in per_backend.values():
-            if isinstance(runs, Unsupported):
-                ctx.record_unsupported(runs, example)
+            if isinstance(runs, NotChecked):
+                ctx.not_checked(runs, example)
                 continue
             assert isinstance(runs, RepeatedRuns)
             ctx.checking((runs.default[0].backend,))
             assert_repeatable(runs.default, deterministic=False, rank=rank)
             if api_of(runs.default[0]) == "v1":
                 v1_views.append(runs.default[0])
-            if isinstance(runs.deterministic, Unsupported):
-                ctx.record_unsupported(runs.deterministic, example)
+            if isinstance(runs.deterministic, NotChecked):
+                ctx.not_checked(runs.deterministic, example)
             elif runs.deterministic is not None:
                 assert_repeatable(runs.deterministic, deterministic=True, rank=rank)
                 det_views.append(runs.deterministic[0])

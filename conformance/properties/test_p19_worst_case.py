@@ -16,7 +16,7 @@ import torch
 from conformance.assertions import for_each_backend
 from conformance.checks.fp8_rows import call_of, check_rows
 from conformance.core.example import Example, build_all_inputs, fp8_payload
-from conformance.core.views import Unsupported
+from conformance.core.outcomes import NotChecked, Why
 from conformance.oracle import expected_received_tokens
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -34,11 +34,11 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         expected = expected_received_tokens(example, inputs, rank)
         variants = [v for v in ("num_worst_tokens", "no_cpu_sync") if v in result]
         if "worst_refused" in result:  # a known limit of the library, excluded like V2's hidden-128 combine
-            ctx.record_unsupported(Unsupported(backend, "Buffer.dispatch(num_worst_tokens=W)",
+            ctx.not_checked(NotChecked.example(backend, Why.LIMIT, "Buffer.dispatch(num_worst_tokens=W)",
                                                result["worst_refused"], "internode (more than one node)"), example)
             return
         if not variants:
-            ctx.record_not_checked(backend, "worst-case dispatch (capability worst_case)")
+            ctx.not_checked(NotChecked.part(backend, Why.CAPABILITY, "worst-case dispatch (capability worst_case)"))
         for variant in variants:
             run, call = result[variant], call_of(backend, variant, example, rank)
             worst = run["worst"]

@@ -36,6 +36,7 @@ from conformance.canonical import fold_expanded, receipts_from_view, segments_of
 from conformance.checks.dispatch_options import check_no_sync_layout, check_zero_padding
 from conformance.checks.expand import check_expand_shapes
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.views import v2_layout
 from conformance.oracle import Receipts, expected_raw_counts, expected_receipts
 from conformance.oracle.reduction import (
@@ -78,7 +79,8 @@ def check_handle_run(ctx: CheckContext, example: Example, inputs: list[RankInput
                            labels=("token", "slot"))
     aliased = v2_layout(run.view).handle_topk_idx_is_input
     if aliased is None:
-        ctx.record_not_checked(backend, "whether the handle keeps the caller's topk_idx (no handle_topk_idx_is_input)")
+        ctx.not_checked(NotChecked.part(
+            backend, Why.CAPABILITY, "whether the handle keeps the caller's topk_idx (no handle_topk_idx_is_input)"))
     elif bool(aliased) == run.caller_changed:
         raise AssertionError(
             f"handle.topk_idx on rank {rank} {'is' if aliased else 'is not'} the caller's topk_idx tensor, expected "
@@ -99,7 +101,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
         made = []
         for key in ("copy", "no_copy"):
             if isinstance(result[key], str):  # the backend refused the run before calling (its reason)
-                ctx.record_not_checked(backend, f"do_handle_copy={key == 'copy'}: {result[key]}")
+                ctx.not_checked(NotChecked.part(
+                    backend, Why.DECLINED, f"do_handle_copy={key == 'copy'}: {result[key]}"))
                 continue
             check_handle_run(ctx, example, inputs, rank, backend, result[key], receipts, round_trip, second)
             made.append(result[key].view.call)
@@ -111,7 +114,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
             check_no_sync_layout(result["zero_padding_no_sync"], example, inputs, rank, receipts)
             check_zero_padding(result["zero_padding_no_sync"], example, inputs, rank)
         else:
-            ctx.record_not_checked(backend, "do_zero_padding without a CPU sync (capability worst_case)")
+            ctx.not_checked(NotChecked.part(
+                backend, Why.CAPABILITY, "do_zero_padding without a CPU sync (capability worst_case)"))
         calls = [*made, view.call]
         calls += [result["zero_padding_no_sync"].call] if "zero_padding_no_sync" in result else []
         raw = torch.tensor(expected_raw_counts(example, inputs, rank), dtype=torch.int64)

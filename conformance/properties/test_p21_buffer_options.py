@@ -32,6 +32,7 @@ import torch
 from conformance.assertions import assert_bytes_equal, assert_tree, assert_value_equal, for_each_backend
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, build_all_inputs, build_biases
+from conformance.core.outcomes import NotChecked, Why
 from conformance.oracle.buffer_size import expected_buffer_size
 from conformance.oracle.reduction import (
     ExpectedSum,
@@ -60,7 +61,7 @@ def check(ctx: CheckContext, case: BufferOptionsCase, per_rank: list[dict[str, A
         expected = {False: expected_scaled_combine(example, inputs, rank, biases, shape.ranks_per_node),
                     True: expected_expanded_combine(example, inputs, rank, biases, shape.ranks_per_node)}
         if not any(do_expand for _, do_expand in runs):
-            ctx.record_not_checked(backend, "expand-mode combines (capability expand)")
+            ctx.not_checked(NotChecked.part(backend, Why.CAPABILITY, "expand-mode combines (capability expand)"))
         for (amr, do_expand), result in runs.items():  # one ExpectedSum per mode: its trees are cached
             check_run(ctx, case, rank, backend, amr, do_expand, result, expected[do_expand], inputs)
 
@@ -95,7 +96,8 @@ def check_run(ctx: CheckContext, case: BufferOptionsCase, rank: int, backend: st
             f"expected {stated} (allow_multiple_reduction={amr} on {shape.nodes} node(s)): P5 and P9 would "
             f"predict the wrong tree [{result.call}]")
     if result.size_hints is None or result.num_bytes is None:
-        ctx.record_not_checked(backend, "get_buffer_size_hint against the buffer's num_bytes and the oracle")
+        ctx.not_checked(NotChecked.part(
+            backend, Why.CAPABILITY, "get_buffer_size_hint against the buffer's num_bytes and the oracle"))
         return
     hints = result.size_hints
     if hints[("example", False, True, amr)] != result.num_bytes:

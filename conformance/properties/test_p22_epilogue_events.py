@@ -28,6 +28,7 @@ from conformance.assertions import (
     per_backend,
 )
 from conformance.core.example import Example, build_all_inputs, build_biases, second_payload
+from conformance.core.outcomes import NotChecked, Why
 from conformance.oracle.reduction import ExpectedSum, expected_round_trip_sum
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
@@ -62,9 +63,9 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
     __tracebackhide__ = True
     inputs = build_all_inputs(example)
     for backend, results in per_backend(ctx, per_rank):
-        if not isinstance(results[0], dict):  # Unsupported (a known limit, NotSupported): recorded, not checked
+        if not isinstance(results[0], dict):  # NotChecked (a known limit, NotSupported): recorded, not checked
             for result in results:
-                ctx.record_unsupported(result, example)
+                ctx.not_checked(result, example)
             continue
         if "dispatch_refused" in results[0]:
             refusals = ctx.contract(backend).refusals  # the table of the backend's DeepEP version
@@ -76,7 +77,8 @@ def check(ctx: CheckContext, example: Example, per_rank: list[dict[str, Any]]) -
                     call=f"{backend}: ElasticBuffer.{op}(..., previous_event_before_epilogue=EventOverlap(capture())) "
                          f"[refusal {row_id}, {row['source']}]")
         else:
-            ctx.record_not_checked(backend, "the refusal of a wrong event type (built-in backends only)")
+            ctx.not_checked(NotChecked.part(
+                backend, Why.API, "the refusal of a wrong event type (built-in backends only)"))
         for rank, got in enumerate(results):
             expected = expected_round_trip_sum(example, inputs, rank, ctx.shape.ranks_per_node,
                                                biases=build_biases(example, rank, 1))

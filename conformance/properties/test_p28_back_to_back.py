@@ -21,7 +21,7 @@ from typing import Any
 from conformance.assertions import assert_view_matches_oracle
 from conformance.checks.round_trip import check as round_trip_check
 from conformance.core.cases import BackToBackCase
-from conformance.core.views import Unsupported
+from conformance.core.outcomes import NotChecked
 from conformance.properties import CheckContext, Property, register
 from conformance.strategies import sized
 from conformance.strategies.back_to_back import back_to_back_cases
@@ -33,13 +33,13 @@ def check(ctx: CheckContext, case: BackToBackCase, per_rank: list[dict[str, Any]
     __tracebackhide__ = True
     for results in per_rank:
         for result in results.values():
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, case)
+            if isinstance(result, NotChecked):
+                ctx.not_checked(result, case)
     for i, example in enumerate(case.rounds()):
         late = case.late[i]
         when = (f"round {i + 1} of {case.num_rounds} (tokens_per_rank {list(example.tokens_per_rank)}, "
                 + (f"rank {late} {case.delay_ms} ms late" if late >= 0 and case.delay_ms else "no rank late") + ")")
-        rounds = [{b: r[i] for b, r in ranks.items() if not isinstance(r, Unsupported)} for ranks in per_rank]
+        rounds = [{b: r[i] for b, r in ranks.items() if not isinstance(r, NotChecked)} for ranks in per_rank]
         try:
             for rank, results in enumerate(rounds):
                 for backend, got in results.items():

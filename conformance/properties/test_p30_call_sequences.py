@@ -67,9 +67,10 @@ from conformance.assertions import (
 from conformance.core.cases import SequenceCase
 from conformance.core.example import Example, RankInputs, build_all_inputs, second_payload, upstream_combined_grad
 from conformance.core.ids import column_of
+from conformance.core.outcomes import NotChecked
 from conformance.core.raisers import SuiteError
 from conformance.core.spec import is_builtin_name
-from conformance.core.views import Raised, Unsupported
+from conformance.core.views import Raised
 from conformance.oracle.counts import expected_aligned_counts
 from conformance.oracle.reduction import (
     expected_round_trip_bf16,
@@ -271,7 +272,7 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
             complete((backend,))
     for first, other in (getattr(ctx, "pairs", None) or consecutive_pairs)(backends):
         if first in broken or other in broken or any(
-                isinstance(ranks[name], Unsupported | NotMade) for ranks in per_rank for name in (first, other)):
+                isinstance(ranks[name], NotChecked | NotMade) for ranks in per_rank for name in (first, other)):
             continue  # nothing to compare: recorded as unsupported, or a failure of its own above
         ctx.checking((first, other))
         try:
@@ -293,7 +294,7 @@ def check_step(ctx: CheckContext, case: SequenceCase, index: int, per_rank: list
     if isinstance(failure, SuiteError):
         raise failure
     columns = {column_of(tuple(w)): str(f) for w, f in failures if isinstance(f, AssertionError)}
-    if any(name not in broken and not all(isinstance(ranks[name], Unsupported) for ranks in per_rank)
+    if any(name not in broken and not all(isinstance(ranks[name], NotChecked) for ranks in per_rank)
            for name in backends):  # others go on
         raise BackendsFailed(failure, columns, broken)  # type: ignore[arg-type]
     failure.failed_columns = columns  # type: ignore[attr-defined]  # every column that failed, with its message
@@ -309,13 +310,13 @@ def _check_backend(ctx: CheckContext, case: SequenceCase, index: int, backend: s
         _raised_in_step(case, index, backend, results)
     if any(isinstance(r, NotMade) for r in results):
         return  # failed at an earlier step (raised there)
-    if step.op == "use_destroyed" and not any(isinstance(r, Unsupported) for r in results):
+    if step.op == "use_destroyed" and not any(isinstance(r, NotChecked) for r in results):
         _check_destroyed(case, index, backend, results[0]["api"], [r["raised"] for r in results],
                          ctx.contract(backend).refusals)
         return
     for rank, result in enumerate(results):
-        if isinstance(result, Unsupported):
-            ctx.record_unsupported(result, case)
+        if isinstance(result, NotChecked):
+            ctx.not_checked(result, case)
             continue
         check_result(ctx, case, index, backend, rank, result)
 

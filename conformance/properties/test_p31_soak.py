@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from conformance.assertions import assert_view_matches_oracle, hex_row
 from conformance.core.cases import SoakCase
 from conformance.core.example import Example, build_all_inputs
-from conformance.core.views import Unsupported
+from conformance.core.outcomes import NotChecked
 from conformance.oracle.reduction import expected_round_trip_bf16, expected_rows_by_source
 from conformance.properties import CheckContext, Property, register
 from conformance.tasks.soak import SoakResult, soak_repeats
@@ -53,7 +53,7 @@ def soak_cases(world: Any) -> st.SearchStrategy[SoakCase]:
     return st.sampled_from([SoakCase(ex, DEFAULT_REPETITIONS) for ex in soak_examples(world.size, large=False)])
 
 
-def check(ctx: CheckContext, case: SoakCase, per_rank: list[dict[str, SoakResult | Unsupported]]) -> None:
+def check(ctx: CheckContext, case: SoakCase, per_rank: list[dict[str, SoakResult | NotChecked]]) -> None:
     """Per backend: the first repetition equals the oracle (receipts and round trip), every later one equals the
     first bit for bit; the figures go into the report whether it held or not."""
     __tracebackhide__ = True
@@ -68,8 +68,8 @@ def check(ctx: CheckContext, case: SoakCase, per_rank: list[dict[str, SoakResult
         first_problem = ""
         for rank, results in enumerate(per_rank):
             result = results[backend]
-            if isinstance(result, Unsupported):
-                ctx.record_unsupported(result, case)
+            if isinstance(result, NotChecked):
+                ctx.not_checked(result, case)
                 continue
             view = assert_view_matches_oracle(ctx, example, rank, result.first)
             assert view is not None

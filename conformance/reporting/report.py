@@ -22,7 +22,7 @@ from typing import Any
 
 from conformance.core.api_coverage import per_property_calls, report_section
 from conformance.core.ids import is_pair, sort_key
-from conformance.core.outcomes import STATUSES, VERDICTS
+from conformance.core.outcomes import STATUSES, VERDICTS, WHYS
 from conformance.core.probe import torch_version
 from conformance.harness.config import RunConfig
 from conformance.reporting.accept import Acceptance
@@ -75,6 +75,7 @@ class PropertyEntry:
     not_applicable: str | None = None  # why no selected backend could check the property
     excluded: dict[str, str] = field(default_factory=dict)  # backend -> why the property does not apply to it
     not_checked: dict[str, list[str]] = field(default_factory=dict)  # backend -> parts it could not take
+    why: dict[str, list[str]] = field(default_factory=dict)  # backend -> kinds of reason it was not checked (Why)
     seen: dict[str, Any] = field(default_factory=dict)  # backend -> the deep_ep it drove in the ranks
     verdicts: dict[str, Any] = field(default_factory=dict)  # column (backend, or "a vs b") -> counts and status
     known_defects: dict[str, Any] = field(default_factory=dict)  # known-defect id -> failed/held counts, example
@@ -160,6 +161,7 @@ def entry_from_report(report: Any, config: RunConfig, report_dir: str = "reports
         not_applicable=recorded.get("not_applicable"),
         excluded=recorded.get("excluded") or {},
         not_checked=recorded.get("not_checked") or {},
+        why=recorded.get("why") or {},
         seen=recorded.get("seen") or {},
         verdicts=verdicts,
         known_defects=recorded.get("known_defects", {}),
@@ -229,6 +231,9 @@ def annotate_verdicts(entry: PropertyEntry, config: RunConfig, distinct: int) ->
                             f"{info['error'][:300]} (first: {info['example']})")
         if parts:
             column["not_checked"] = parts
+        kinds = entry.why.get(name)
+        if kinds:  # why (some of) it was not checked: the kinds of reason (conformance.core.outcomes.Why)
+            column["why"] = [kind for kind in WHYS if kind in kinds]
     return out
 
 

@@ -1,7 +1,7 @@
 """Rank task of P12 (bad calls): for each drawn row of the refusal table, make its bad call and its valid
 neighbour with every selected backend of the row's API, then the next valid dispatch on the suite's own buffer.
 What each call raised comes back as :class:`~conformance.core.views.Raised` per rank (an
-:class:`~conformance.core.views.Unsupported` where a set-up limit kept the call from being made); letting an exception
+:class:`~conformance.core.views.NotChecked` where a set-up limit kept the call from being made); letting an exception
 escape would retire the world."""
 
 from __future__ import annotations
@@ -10,22 +10,23 @@ from typing import Any
 
 from conformance.backends.factory import get_adapter
 from conformance.core.cases import BadCallCase, row_api
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.spec import BackendSpec
-from conformance.core.views import DispatchOptions, Raised, Unsupported
+from conformance.core.views import DispatchOptions, Raised
 from conformance.tasks import refusals
 from conformance.tasks.env import RankEnv, rank_task
 from conformance.tasks.setup import SetupLimited
 from conformance.world.rank import backend_context
 
 
-def _raised(name: str, spec: BackendSpec, env: RankEnv, shared: refusals.SharedBuffers) -> Raised | Unsupported:
-    """What recipe (or neighbour) ``name`` raised with ``spec``'s module; :class:`Unsupported` (with the limit's
+def _raised(name: str, spec: BackendSpec, env: RankEnv, shared: refusals.SharedBuffers) -> Raised | NotChecked:
+    """What recipe (or neighbour) ``name`` raised with ``spec``'s module; :class:`NotChecked` (with the limit's
     reason) where a set-up limit kept its call from being made (``core/setup_limits.py``)."""
     module = get_adapter(spec).module
     try:
         kind, message, side_effect = refusals.run(name, refusals.make_env(module, env.example, shared, spec.real))
     except SetupLimited as limited:
-        return Unsupported(spec.name, f"refusal row {name}", str(limited), limited.condition)
+        return NotChecked.example(spec.name, Why.SETUP, f"refusal row {name}", str(limited), limited.condition)
     return Raised(kind, message, side_effect)
 
 

@@ -2,7 +2,7 @@
 
 Every task dispatches this rank's inputs through every backend first (operation ``dispatch``), then runs
 the combine side (operation ``combine``), so that a known combine limit (V2 rejects hidden=128) turns into
-an :class:`Unsupported` result for that backend only, and a dispatch failure is never mistaken for it.
+an :class:`NotChecked` result for that backend only, and a dispatch failure is never mistaken for it.
 Results are CPU tensors, keyed by backend name.  The extra inputs (biases, a second payload, upstream
 gradients) come from :mod:`conformance.core.example`, where the oracle builds the same tensors.
 """
@@ -24,7 +24,8 @@ from conformance.core.example import (
     upstream_combined_grad,
     upstream_row_grads,
 )
-from conformance.core.views import DispatchOptions, DispatchView, Unsupported
+from conformance.core.outcomes import NotChecked, Why
+from conformance.core.views import DispatchOptions, DispatchView
 from conformance.tasks.env import RankEnv, rank_task
 
 # ----------------------------------------------------------------------------------------------- results
@@ -37,7 +38,7 @@ class CombineResult:
     call: str
     combined_x: torch.Tensor  # [T, hidden] bf16
     combined_topk_weights: torch.Tensor | None  # [T, num_topk] float32
-    not_checked: str | None = None  # a part the backend cannot take (e.g. no combine_weights): not passed
+    not_checked: NotChecked | None = None  # a part the backend cannot take (e.g. no combine_weights): not passed
     reduction_group: int | None = None  # the backend's reduction tree (see reduction_group below); None: unknown
     num_channels: int | None = None  # V1: the channels of the dispatch's handle (its config's num_sms // 2)
 
@@ -68,7 +69,7 @@ class GradResult:
     grad_rows: torch.Tensor  # [N, hidden] bf16: grad of the expert outputs through FusedCombine
     direct_rows: torch.Tensor | None  # cached dispatch of the upstream grad called directly
     unmasked_weights: torch.Tensor | None = None  # combine of weight grads NOT zeroed at non-local slots
-    not_checked: list[str] = field(default_factory=list)  # comparisons the backend's capabilities do not allow
+    not_checked: list[NotChecked] = field(default_factory=list)  # comparisons its capabilities do not allow
     reduction_group: int | None = None  # the backend's reduction tree for x.grad (a combine)
     api: str = ""  # the API the backend follows (the unmasked weight gradients differ between APIs by design)
 
@@ -91,7 +92,7 @@ def _dispatched(env: RankEnv, options: DispatchOptions = DispatchOptions()) -> d
 
 
 @rank_task
-def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
+def combine_outputs(env: RankEnv) -> dict[str, CombineResult | NotChecked]:
     """Dispatch, let the expert on this rank scale every received row and weight by ``1 + rank``
     (``bf16(row * (1 + rank))`` computed in float32; weights as float32 products), combine with the case's
     ``num_bias`` bias tensors (V1: with the case's configs, see :attr:`CombineCase.v1_num_sms`)."""
@@ -111,15 +112,16 @@ def combine_outputs(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
         if raw.get("v1_num_sms"):
             call += f" [config: the table's with num_sms={case.v1_num_sms}], after {view.call}"
         return CombineResult(call, x.cpu(), None if w is None else w.cpu(),
-                             None if with_weights else "combined_topk_weights: the backend does not declare the "
-                             "capability 'combine_weights' (combine was called without topk_weights)",
+                             None if with_weights else NotChecked.part(
+                                 adapter.spec.name, Why.CAPABILITY, "combined_topk_weights: the backend does not "
+                                 "declare the capability 'combine_weights' (combine was called without topk_weights)"),
                              reduction_group(adapter, raw), getattr(view.layout, "num_channels", None))
 
     return env.then_each_backend(_dispatched(env, DispatchOptions(v1_num_sms=case.v1_num_sms)), "combine", then)
 
 
 @rank_task
-def round_trip(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
+def round_trip(env: RankEnv) -> dict[str, CombineResult | NotChecked]:
     """combine(dispatch(x)) with identity experts (the received rows are combined unchanged), no weights."""
 
     def then(adapter: Any, dispatched: tuple[DispatchView, dict[str, Any]]) -> CombineResult:
@@ -132,7 +134,7 @@ def round_trip(env: RankEnv) -> dict[str, CombineResult | Unsupported]:
 
 
 @rank_task
-def cached_dispatch(env: RankEnv) -> dict[str, CachedResult | Unsupported]:
+def cached_dispatch(env: RankEnv) -> dict[str, CachedResult | NotChecked]:
     """Dispatch, then cached-dispatch the same payload and :func:`second_payload` through the handle."""
     assert env.example is not None
     other = second_payload(env.example, env.rank).to(env.device)
@@ -150,7 +152,7 @@ def cached_dispatch(env: RankEnv) -> dict[str, CachedResult | Unsupported]:
 
 
 @rank_task
-def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
+def gradients(env: RankEnv) -> dict[str, GradResult | NotChecked]:
     """Backward through ``FusedDispatch`` (upstream grads of ``recv_x`` / ``recv_topk_weights`` per received row,
     from ``upstream_row_grads``, weight grads masked to local slots) and through ``FusedCombine`` (upstream
     grad from ``upstream_combined_grad``); plus the direct combine / cached dispatch they must equal."""
@@ -197,7 +199,7 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
         )
         gx, gw = gx.to(device).contiguous(), gw.to(device).contiguous()
         torch.autograd.backward([fwd["recv_x"], fwd["recv_w"]], [gx, gw])
-        not_checked = []
+        not_checked: list[NotChecked] = []
         direct_w = unmasked_w = None
         if spec.has("combine_weights"):
             direct_x, direct_w = adapter.combine(raw, gx, topk_weights=gw)
@@ -205,13 +207,14 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
             unmasked_w = adapter.combine(raw, gx, topk_weights=unmasked.to(device).contiguous())[1]
         elif spec.has("combine"):
             direct_x = adapter.combine(raw, gx)[0]
-            not_checked.append("topk_weights.grad against a direct combine of the weight gradients: the backend does "
-                               "not declare the capability 'combine_weights'")
+            not_checked.append(NotChecked.part(
+                spec.name, Why.CAPABILITY, "topk_weights.grad against a direct combine of the weight gradients: the "
+                                           "backend does not declare the capability 'combine_weights'"))
             unmasked_w = unmasked_weight_grads(adapter)
         else:
             direct_x = None
-            not_checked.append("x.grad against a direct combine: the backend does not declare the capability "
-                               "'combine'")
+            not_checked.append(NotChecked.part(spec.name, Why.CAPABILITY, "x.grad against a direct combine: the "
+                                               "backend does not declare the capability 'combine'"))
 
         expert_out = raw["recv_x"].detach().clone().requires_grad_(True)
         adapter.fused_combine(raw, expert_out).backward(upstream_y)
@@ -219,8 +222,9 @@ def gradients(env: RankEnv) -> dict[str, GradResult | Unsupported]:
             direct_rows = adapter.cached_dispatch(raw, upstream_y.contiguous()).cpu()
         else:
             direct_rows = None
-            not_checked.append("expert_output.grad against a direct cached dispatch: the backend does not declare the "
-                               "capability 'cached_dispatch'")
+            not_checked.append(NotChecked.part(
+                spec.name, Why.CAPABILITY, "expert_output.grad against a direct cached dispatch: the backend does not "
+                                           "declare the capability 'cached_dispatch'"))
         call = (
             f"{'own autograd of ' + spec.name if spec.plugin else 'FusedDispatch/FusedCombine'} over {view.call}; "
             f"backward = {adapter.describe_combine(example, rank)} / cached dispatch"

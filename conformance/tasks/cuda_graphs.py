@@ -52,7 +52,7 @@ def refusal(exc: BaseException) -> Raised:
 
 @rank_task
 def graph_replays(env: RankEnv) -> dict[str, Any]:
-    """``{backend: GraphRun}`` for every backend declaring ``cuda_graphs`` (``Unsupported`` where it cannot)."""
+    """``{backend: GraphRun}`` for every backend declaring ``cuda_graphs`` (``NotChecked`` where it cannot)."""
     case: GraphCase = env.case
     sets = case.input_sets()
     inputs = [build_rank_inputs(example, env.rank).to(env.device) for example in sets]

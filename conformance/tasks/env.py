@@ -23,9 +23,9 @@ from conformance.backends.limits import known_limit
 from conformance.core.cases import example_of
 from conformance.core.example import Example, RankInputs, build_rank_inputs
 from conformance.core.ids import CallId
+from conformance.core.outcomes import NotChecked, Why
 from conformance.core.raisers import suite_frame
 from conformance.core.spec import BackendSpec
-from conformance.core.views import Unsupported
 from conformance.mutants import activate
 from conformance.world.rank import RaisedInStep, RankContext, backend_context, context, step
 
@@ -88,7 +88,7 @@ class RankEnv:
                      capability: str | None = None, also: tuple[str, ...] = ()) -> dict[str, Any]:
         """``{backend: call(adapter)}``; an exception that a known limit covers (``backends.limits``; of
         ``operation``, or of the ``also`` operations ``call`` makes too), or a backend's
-        :class:`~conformance.backends.contract.NotSupported`, becomes that backend's :class:`Unsupported` result; any
+        :class:`~conformance.backends.contract.NotSupported`, becomes that backend's :class:`NotChecked` result; any
         other propagates (a failure of the property)."""
         out: dict[str, Any] = {}
         for spec in self.specs(api, capability):
@@ -97,11 +97,11 @@ class RankEnv:
 
     def then_each_backend(self, first: dict[str, Any], operation: str, call: Callable[[Any, Any], Any]
                           ) -> dict[str, Any]:
-        """A second stage per backend: ``call(adapter, first[backend])``; an :class:`Unsupported` first stage stays."""
+        """A second stage per backend: ``call(adapter, first[backend])``; an :class:`NotChecked` first stage stays."""
         out: dict[str, Any] = {}
         for name, result in first.items():
             spec = self.spec(name)
-            out[name] = result if isinstance(result, Unsupported) else self.call(
+            out[name] = result if isinstance(result, NotChecked) else self.call(
                 spec, operation, lambda adapter, r=result: call(adapter, r))
         return out
 
@@ -116,7 +116,8 @@ class RankEnv:
             try:
                 result = call(get_adapter(spec))
             except NotSupported as exc:  # a set-up limit's (tasks.setup) names its condition
-                result = Unsupported(spec.name, f"{spec.name} {operation}", str(exc), getattr(exc, "condition", ""))
+                result = NotChecked.example(spec.name, exc.why, f"{spec.name} {operation}", str(exc),
+                                            getattr(exc, "condition", ""))
             except Exception as exc:  # a known limit, else a failure (the backend's, or a suite error: in_step)
                 result = None if suite_frame(exc) else (declined(spec, operation, exc)
                                                         or limited(spec, (operation, *also), self.example, exc))
@@ -191,22 +192,24 @@ def settle(device: torch.device, backend: str, operation: str, error: BaseExcept
     return ranks, error
 
 
-def declined(spec: BackendSpec, operation: str, exc: BaseException) -> Unsupported | None:
+def declined(spec: BackendSpec, operation: str, exc: BaseException) -> NotChecked | None:
     """A class backend that declares nothing (``conformance_capabilities``) says a call is not implemented by raising
     ``NotImplementedError``: ``unsupported`` for that backend, with its message as the reason.  (A class that declares
     its capabilities is held to them: its ``NotImplementedError`` is a failure.)"""
     if isinstance(exc, NotImplementedError) and spec.substitute and spec.declared is None:
-        return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"NotImplementedError: {exc}",
-                           f"{spec.class_name}.{operation} not implemented by the class")
+        return NotChecked.example(spec.name, Why.DECLINED, f"{spec.class_name}.{operation}",
+                                  f"NotImplementedError: {exc}",
+                                  f"{spec.class_name}.{operation} not implemented by the class")
     return None
 
 
-def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: Exception) -> Unsupported | None:
-    """``exc`` as ``spec``'s :class:`Unsupported` result where a known limit of one of ``operations`` covers
+def limited(spec: BackendSpec, operations: tuple[str, ...], example: Any, exc: Exception) -> NotChecked | None:
+    """``exc`` as ``spec``'s :class:`NotChecked` result where a known limit of one of ``operations`` covers
     ``example`` (``backends.limits``), else ``None`` (a failure)."""
     for operation in operations:
         limit = None if example is None else known_limit(spec.api, operation, example, spec.version)
         if limit is not None and limit.refused(exc):
-            return Unsupported(spec.name, f"{spec.class_name}.{operation}", f"{type(exc).__name__}: {exc}",
-                               f"{spec.class_name}.{operation} with {limit.condition}")
+            return NotChecked.example(spec.name, Why.LIMIT, f"{spec.class_name}.{operation}",
+                                      f"{type(exc).__name__}: {exc}",
+                                      f"{spec.class_name}.{operation} with {limit.condition}")
     return None

@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from conformance.core.example import Example, RankInputs
-from conformance.core.views import DispatchOptions, DispatchView, Raised, Unsupported
+from conformance.core.outcomes import NotChecked
+from conformance.core.views import DispatchOptions, DispatchView, Raised
 from conformance.emulation.utils import event as emulated_event
 from conformance.tasks.env import RankEnv, rank_task
 from conformance.world.rank import context, store
@@ -230,7 +231,7 @@ def event_results(env: RankEnv) -> dict[str, dict[str, Any]]:
         for name, result in env.each_backend("dispatch", dispatches).items():
             out[name] = result if isinstance(result, dict) else {"sync": result}
         for name, result in env.each_backend("combine", combines, capability="combine").items():
-            if isinstance(result, Unsupported):
+            if isinstance(result, NotChecked):
                 out[name]["combine"] = result
             else:
                 out[name].update(result)

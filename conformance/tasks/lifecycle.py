@@ -30,7 +30,8 @@ import time
 from typing import Any
 
 from conformance.core.cases import ExitCase
-from conformance.core.views import DispatchOptions, Unsupported
+from conformance.core.outcomes import NotChecked, Why
+from conformance.core.views import DispatchOptions
 from conformance.tasks.env import RankEnv, TaskSettings, rank_task
 from conformance.world.rank import control_group
 
@@ -172,7 +173,7 @@ def exit_checks(env: RankEnv) -> dict[str, Any]:
     pending = []
     for spec in env.specs():
         if case.scenario == "garbage-collected" and spec.plugin:
-            out[spec.name] = Unsupported(spec.name, f"{spec.name} end of run", (
+            out[spec.name] = NotChecked.example(spec.name, Why.API, f"{spec.name} end of run", (
                 "a plug-in builds and keeps its buffers itself: only its own teardown (scenario 'teardown') "
                 "applies"))
             continue

@@ -31,9 +31,10 @@ from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
 from conformance.backends.results import counts_list, returned, tensors
 from conformance.core.cases import SequenceCase, Step
 from conformance.core.example import Example, RankInputs, build_rank_inputs, second_payload, upstream_combined_grad
+from conformance.core.outcomes import NotChecked
 from conformance.core.raisers import suite_frame
 from conformance.core.spec import BackendSpec
-from conformance.core.views import Raised, Unsupported
+from conformance.core.views import Raised
 from conformance.emulation.utils import event as emulated_event
 from conformance.tasks.env import RankEnv, declined, limited, rank_task, settle
 from conformance.tasks.setup import refuse_if_limited
@@ -82,8 +83,8 @@ class BackendState:
     dead_handles: dict[int, Any] = field(default_factory=dict)  # dispatch step -> handle of a destroyed buffer
     results: dict[int, InFlight] = field(default_factory=dict)  # step -> its outputs (dispatch, cached, combine)
     #: A step a known limit refused (``backends.limits``: V1 on a world size without a config): this and every
-    #: later step of the sequence are that backend's Unsupported result.
-    unsupported: Unsupported | None = None
+    #: later step of the sequence are that backend's NotChecked result.
+    unsupported: NotChecked | None = None
     #: The step at which the backend raised: its later steps are not made.
     failed: StepRaised | None = None
 
@@ -357,14 +358,14 @@ def _step_in_step(env: RankEnv, state: BackendState, case: SequenceCase, index: 
 
 
 def _step_or_unsupported(env: RankEnv, state: BackendState, case: SequenceCase, index: int) -> Any:
-    """:func:`apply_step`, or the backend's Unsupported result from the step a known limit refused on."""
+    """:func:`apply_step`, or the backend's NotChecked result from the step a known limit refused on."""
     if state.unsupported is not None:
         return state.unsupported
     try:
         return apply_step(env, state, case, index)
     except NotSupported as exc:  # a set-up limit (tasks.setup): the rest of the sequence is not made either
-        state.unsupported = Unsupported(state.spec.name, f"{state.spec.name} step {index}", str(exc),
-                                        getattr(exc, "condition", ""))
+        state.unsupported = NotChecked.example(state.spec.name, exc.why, f"{state.spec.name} step {index}", str(exc),
+                                               getattr(exc, "condition", ""))
         return state.unsupported
     except Exception as exc:
         if suite_frame(exc) is not None:  # the suite's own error is never a known limit

@@ -12,11 +12,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from conformance.backends.contract import NotSupported
+from conformance.core.outcomes import Why
 from conformance.core.setup_limits import SETUP_LIMITS, SetupLimit, rank_setup, setup_limit
 
 
 class SetupLimited(NotSupported):
     """A call a set-up limit names was not made (``limit``, on ``setup``): reported ``unsupported``."""
+
+    why = Why.SETUP
 
     def __init__(self, limit: SetupLimit, setup: str) -> None:
         super().__init__(limit.reason(setup))

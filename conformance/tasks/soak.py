@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from conformance.core.cases import SoakCase
-from conformance.core.views import DispatchOptions, DispatchView, Unsupported
+from conformance.core.outcomes import NotChecked
+from conformance.core.views import DispatchOptions, DispatchView
 from conformance.tasks.env import RankEnv, rank_task
 
 
@@ -51,7 +52,7 @@ def _differing(first: torch.Tensor, other: torch.Tensor) -> list[tuple[int, torc
 
 
 @rank_task
-def soak_repeats(env: RankEnv) -> dict[str, SoakResult | Unsupported]:
+def soak_repeats(env: RankEnv) -> dict[str, SoakResult | NotChecked]:
     """Per backend: ``repetitions`` x (dispatch, combine of the received rows unchanged)."""
     case: SoakCase = env.case
 

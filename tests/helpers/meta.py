@@ -114,8 +114,8 @@ class RecordingContext:
     def record_seen(self, key: str, backend: str, what: str, value: str) -> None:
         self.seen.setdefault(backend, {}).setdefault(what, []).append(value)
 
-    def record_unsupported(self, item: object, case: object) -> None:
-        raise AssertionError(f"unexpected unsupported {item}")
+    def not_checked(self, item: object, case: object = None) -> None:
+        raise AssertionError(f"unexpected: not checked {item}")
 
     def record_artifact(self, key: str, value: object) -> None:
         raise AssertionError(f"unexpected artifact {key}")

@@ -195,7 +195,8 @@ def test_p12_does_not_make_the_calls_a_set_up_limit_names(shared_session) -> Non
     """The real-flagged stand-in's limited calls come back unsupported and P12 lists them as not checked with the
     evidence; its other calls and the emulated-v2 backend's are made and checked."""
     from conformance.core.cases import BadCallCase
-    from conformance.core.views import Raised, Unsupported
+    from conformance.core.outcomes import NotChecked, Span, Why
+    from conformance.core.views import Raised
     from conformance.properties.test_p12_bad_input import check
     from conformance.tasks.bad_input import bad_call_results
     from conformance.tasks.env import TaskSettings
@@ -209,16 +210,17 @@ def test_p12_does_not_make_the_calls_a_set_up_limit_names(shared_session) -> Non
     per_rank = session.run(bad_call_results, case, settings)
     got = per_rank[0]["rows"]
     assert isinstance(got["v2_init_cpu_bytes_without_num_bytes"][REAL_LIKE]["raised"], Raised)  # the Python assert
-    assert isinstance(got["v2_init_cpu_bytes_without_num_bytes"][REAL_LIKE]["neighbour"], Unsupported)
-    assert all(isinstance(got["v2_init_cpu_bytes_exceed"][REAL_LIKE][part], Unsupported)
+    assert isinstance(got["v2_init_cpu_bytes_without_num_bytes"][REAL_LIKE]["neighbour"], NotChecked)
+    assert all(isinstance(got["v2_init_cpu_bytes_exceed"][REAL_LIKE][part], NotChecked)
                for part in ("raised", "neighbour"))
     assert all(isinstance(value, Raised) for row in got.values() for value in row["emulated-v2"].values())
 
     not_checked: dict[str, list[str]] = {}
 
     class Context(RecordingContext):
-        def record_not_checked(self, backend: str, what: str) -> None:
-            not_checked.setdefault(backend, []).append(what)
+        def not_checked(self, item: NotChecked, case: object = None) -> None:
+            assert item.span is Span.PART and item.why is Why.SETUP, item
+            not_checked.setdefault(item.backend, []).append(item.reason)
 
     check(Context(shape=session.shape), case, per_rank)  # holds: every made call is as the table says
     assert set(not_checked) == {REAL_LIKE}, not_checked

@@ -9,6 +9,7 @@ import torch
 from conformance.assertions import assert_within_bound
 from conformance.core.cases import CombineCase
 from conformance.core.example import Example, RankInputs
+from conformance.harness.session import Recorder
 from conformance.oracle.bounds import reduction_bound
 from conformance.oracle.reduction import ExpectedSum, expected_combined_weights, expected_scaled_combine, scaled_weight
 from conformance.strategies.combine import combine_cases
@@ -119,8 +120,10 @@ def test_p5_reports_v2_hidden_128_unsupported_and_still_checks_v1(emulated_sessi
     example = Example(tokens_per_rank=(6, 5), hidden=128, num_topk=2, num_experts=4, payload="integers", seed=7,
                       num_max_tokens_per_rank=16)
     case = CombineCase(example, num_bias=1, mode="exact")
+    emulated_session.recorder = Recorder()  # (the session is shared: what other tests recorded is theirs)
     assert fails(emulated_session, P5, case, None) is None
     entry = emulated_session.recorder.unsupported["emulated-v2"]
+    assert emulated_session.recorder.why == {"emulated-v2": ["limit"]}, emulated_session.recorder.why
     rejected = emulated_session.recorder.rejected["emulated-v2"]
     assert example.to_json() in rejected and entry["count"] == len(rejected)  # distinct examples, not ranks
     assert "combine" in entry["call"]

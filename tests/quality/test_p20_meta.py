@@ -60,7 +60,9 @@ def test_spares_padding_garbage_without_do_zero_padding(emulated_session) -> Non
 
 def test_a_plugin_without_the_capability_is_unsupported_with_the_reason() -> None:
     plugin = BackendSpec("plugin", "v2", target="my_pkg.ep:factory", declared=frozenset({"combine", "expand"}))
-    reason = Session(RunConfig(WorldShape(1, 2), (plugin,))).excluded(catalog()[PID])["my_pkg.ep:factory"]
+    item = Session(RunConfig(WorldShape(1, 2), (plugin,))).excluded(catalog()[PID])["my_pkg.ep:factory"]
+    reason = item.reason
+    assert item.why == "capability" and item.span == "property", item
     assert "does not declare" in reason and "'dispatch_options'" in reason and PID in reason, reason
 
 
