@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import Raw
 from conformance.core.example import Example, RankInputs
 from conformance.core.views import DispatchOptions
 
@@ -24,7 +25,7 @@ class FusedDispatch(torch.autograd.Function):
         _, raw = adapter.dispatch(inputs, example, DispatchOptions(), rank)
         ctx.adapter, ctx.raw = adapter, raw
         state["raw"] = raw  # the handle, for a FusedCombine that follows
-        return raw["recv_x"], raw["recv_topk_weights"]
+        return raw.recv_x, raw.recv_topk_weights
 
     @staticmethod
     def backward(ctx: Any, grad_recv_x: torch.Tensor, grad_recv_weights: torch.Tensor) -> tuple:
@@ -38,7 +39,7 @@ class FusedCombine(torch.autograd.Function):
     """``combined_x = combine(x)`` through a dispatch handle; backward = cached dispatch of the grad."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, adapter: Any, raw: dict[str, Any]) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, adapter: Any, raw: Raw) -> torch.Tensor:
         ctx.adapter, ctx.raw = adapter, raw
         combined_x, _ = adapter.combine(raw, x.detach().contiguous())
         return combined_x

@@ -109,7 +109,7 @@ class ElasticAdapter(AdapterBase):
     def reduction_group(self, raw: Raw) -> int:
         """Hybrid mode with ``allow_multiple_reduction`` rounds each scale-out node's sum first; otherwise
         combine rounds once."""
-        buffer = raw["buffer"]
+        buffer = raw.buffer
         if int(buffer.num_scaleout_ranks) > 1 and bool(buffer.allow_multiple_reduction):
             return int(buffer.num_scaleup_ranks)
         return int(self.group.size())
@@ -190,11 +190,11 @@ class ElasticAdapter(AdapterBase):
                     inputs.topk_idx.numel() > 0 and handle.topk_idx.data_ptr() == inputs.topk_idx.data_ptr()),
             ),
         )
-        return view, {"handle": handle, "buffer": buffer, "recv_x": recv_x, "recv_topk_weights": recv_w}
+        return view, Raw(recv_x, recv_w, handle=handle, buffer=buffer)
 
     def combine(
         self,
-        raw: dict[str, Any],
+        raw: Raw,
         x: torch.Tensor,
         topk_weights: torch.Tensor | None = None,
         bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -205,22 +205,22 @@ class ElasticAdapter(AdapterBase):
         """``ElasticBuffer.combine`` with ``num_sms=0``: the SM count of the dispatch handle is reused
         (``before_epilogue``: ``previous_event_before_epilogue``)."""
         kwargs = self.call_kwargs("combine", {"previous_event_before_epilogue": before_epilogue})
-        combined_x, combined_w, event = raw["buffer"].combine(
-            x, raw["handle"], topk_weights=topk_weights, bias=bias, num_sms=0, async_with_compute_stream=async_finish,
+        combined_x, combined_w, event = raw.buffer.combine(
+            x, raw.handle, topk_weights=topk_weights, bias=bias, num_sms=0, async_with_compute_stream=async_finish,
             **kwargs,
         )
         if async_finish:
             event.current_stream_wait()
         return combined_x, combined_w
 
-    def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
         """Cached dispatch as production calls it: ``num_experts`` passed explicitly.
 
         (Without ``num_experts`` and with ``num_sms=0`` the real DeepEP 2.1.0 raises a TypeError: the SM
         count is computed before ``num_experts`` is read from the handle.  P12 covers that defect.)
         """
-        handle = raw["handle"]
-        return raw["buffer"].dispatch(x, handle=handle, num_experts=handle.num_experts)[0]
+        handle = raw.handle
+        return raw.buffer.dispatch(x, handle=handle, num_experts=handle.num_experts)[0]
 
     def describe_combine(self, example: Example, rank: int) -> str:
         """The combine call, as failure messages show it."""

@@ -132,8 +132,7 @@ class LegacyAdapter(AdapterBase):
                 num_channels=None if self._internals is None else self._internals.v1_num_channels(handle),
             ),
         )
-        return view, {"handle": handle, "recv_x": recv_x, "recv_topk_weights": recv_w,
-                      "v1_num_sms": options.v1_num_sms}
+        return view, Raw(recv_x, recv_w, handle=handle, v1_num_sms=options.v1_num_sms)
 
     def sources(self, handle: Any, inputs: RankInputs, rank: int, config: dict[str, Any] | None = None,
                 rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,7 +170,7 @@ class LegacyAdapter(AdapterBase):
 
     def combine(
         self,
-        raw: dict[str, Any],
+        raw: Raw,
         x: torch.Tensor,
         topk_weights: torch.Tensor | None = None,
         bias: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -179,18 +178,18 @@ class LegacyAdapter(AdapterBase):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``Buffer.combine`` of expert outputs ``x`` (rows as received) back to their source ranks (with the table's
         combine config of the dispatch's SM count where the dispatch had an explicit config)."""
-        config = {"config": self.table_config("combine", raw["v1_num_sms"])} if raw.get("v1_num_sms") else {}
+        config = {"config": self.table_config("combine", raw.v1_num_sms)} if raw.v1_num_sms else {}
         combined_x, combined_w, event = returned("Buffer.combine", self.buffer.combine(
-            x, raw["handle"], topk_weights=topk_weights, bias=bias, async_finish=async_finish, **config
+            x, raw.handle, topk_weights=topk_weights, bias=bias, async_finish=async_finish, **config
         ), 3)
         if async_finish:
             event.current_stream_wait()
         return combined_x, combined_w
 
-    def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
         """``Buffer.dispatch(x, handle=handle)``: same layout, new payload (the dispatch's config, if it had one)."""
-        config = {"config": self.table_config("dispatch", raw["v1_num_sms"])} if raw.get("v1_num_sms") else {}
-        return returned("Buffer.dispatch(x, handle=handle)", self.buffer.dispatch(x, handle=raw["handle"], **config),
+        config = {"config": self.table_config("dispatch", raw.v1_num_sms)} if raw.v1_num_sms else {}
+        return returned("Buffer.dispatch(x, handle=handle)", self.buffer.dispatch(x, handle=raw.handle, **config),
                         6)[0]
 
     def describe_combine(self, example: Example, rank: int) -> str:

@@ -325,8 +325,7 @@ class PluginBackend:
 
     @staticmethod
     def _raw(dispatched: Dispatched) -> Raw:
-        return {"dispatched": dispatched, "handle": dispatched.handle, "recv_x": dispatched.recv_x,
-                "recv_topk_weights": dispatched.recv_topk_weights}
+        return Raw(dispatched.recv_x, dispatched.recv_topk_weights, handle=dispatched.handle, dispatched=dispatched)
 
     def dispatch(self, inputs: RankInputs, example: Example, options: DispatchOptions, rank: int, *,
                  stats: torch.Tensor | None = None, before_epilogue: Any = None) -> tuple[DispatchView, Raw]:
@@ -349,13 +348,13 @@ class PluginBackend:
             self._require("combine_bias", "combine(bias=...)")
         if async_finish:
             self._require("events", "combine(async_finish=True)")
-        out = self.combine_tokens(raw["dispatched"], x, topk_weights=topk_weights, bias=bias, async_finish=async_finish)
+        out = self.combine_tokens(raw.dispatched, x, topk_weights=topk_weights, bias=bias, async_finish=async_finish)
         return (out[0], out[1]) if isinstance(out, tuple) else (out, None)
 
     def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
         """See :class:`~conformance.backends.contract.Backend`."""
         self._require("cached_dispatch", "a dispatch through the handle")
-        return self.cached_dispatch_tokens(raw["dispatched"], x)
+        return self.cached_dispatch_tokens(raw.dispatched, x)
 
     def fused_dispatch(self, inputs: RankInputs, example: Example, rank: int, x: torch.Tensor,
                        topk_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Raw, DispatchView]:
@@ -369,7 +368,7 @@ class PluginBackend:
     def fused_combine(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
         """See :class:`~conformance.backends.contract.Backend`."""
         self._require("autograd", "differentiable combine")
-        return self.autograd_combine(raw["dispatched"], x)
+        return self.autograd_combine(raw.dispatched, x)
 
 
 # ---------------------------------------------------------------------------------------- loading

@@ -82,7 +82,7 @@ def combined_weights_master_lane() -> Iterator[None]:
     def patched(original, self, raw, x, topk_weights=None, bias=None, async_finish=False):
         combined_x, combined_w = original(self, raw, x, topk_weights, bias, async_finish)
         if combined_w is not None:
-            handle = raw["handle"]
+            handle = raw.handle
             idx = handle.topk_idx.to(torch.int64)
             owner = torch.where(idx >= 0, idx // (handle.num_experts // context().world_size), -1)
             first = torch.arange(idx.shape[1], device=idx.device).expand_as(idx).clone()
@@ -101,7 +101,7 @@ def combined_weights_master_lane() -> Iterator[None]:
           "a cached dispatch returns the previous dispatch's payload instead of the new one")
 def cached_dispatch_stale() -> Iterator[None]:
     def stale(original, self, raw, x):
-        return raw["recv_x"].clone()
+        return raw.recv_x.clone()
 
     with seam("LegacyAdapter.cached_dispatch", stale), seam("ElasticAdapter.cached_dispatch", stale):
         yield

@@ -36,7 +36,7 @@ def back_to_back_rounds(env: RankEnv) -> dict[str, Any]:
             if case.late[i] == env.rank:
                 time.sleep(case.delay_ms / 1000)
             view, raw = adapter.dispatch(mine, example, DispatchOptions(), env.rank)
-            combined_x, _ = adapter.combine(raw, raw["recv_x"])
+            combined_x, _ = adapter.combine(raw, raw.recv_x)
             call = (f"round {i + 1} of {len(rounds)}: {adapter.describe_combine(example, env.rank)}, after "
                     f"{view.call}")
             made.append((view, call, combined_x, reduction_group(adapter, raw)))

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import Raw
 from conformance.core.cases import CombineCase
 from conformance.core.example import (
     bias_argument,
@@ -77,7 +78,7 @@ class GradResult:
 # ------------------------------------------------------------------------------------------------- tasks
 
 
-def reduction_group(adapter: Any, raw: dict[str, Any]) -> int | None:
+def reduction_group(adapter: Any, raw: Raw) -> int | None:
     """How many consecutive ranks' contributions the backend's combine sums and rounds before its last level
     (``Backend.reduction_group``, optional: ``None`` where the backend does not say)."""
     method = getattr(adapter, "reduction_group", None)
@@ -103,13 +104,13 @@ def combine_outputs(env: RankEnv) -> dict[str, CombineResult | NotChecked]:
 
     def then(adapter: Any, dispatched: tuple[DispatchView, dict[str, Any]]) -> CombineResult:
         view, raw = dispatched
-        expert_x = (raw["recv_x"].float() * scale).to(torch.bfloat16)
-        expert_w = raw["recv_topk_weights"].float() * torch.tensor(scale, dtype=torch.float32, device=env.device)
+        expert_x = (raw.recv_x.float() * scale).to(torch.bfloat16)
+        expert_w = raw.recv_topk_weights.float() * torch.tensor(scale, dtype=torch.float32, device=env.device)
         with_weights = adapter.spec.has("combine_weights")
         x, w = adapter.combine(raw, expert_x, topk_weights=expert_w if with_weights else None,
                                bias=bias_argument(biases))
         call = adapter.describe_combine(example, env.rank)
-        if raw.get("v1_num_sms"):
+        if raw.v1_num_sms:
             call += f" [config: the table's with num_sms={case.v1_num_sms}], after {view.call}"
         return CombineResult(call, x.cpu(), None if w is None else w.cpu(),
                              None if with_weights else NotChecked.part(
@@ -126,7 +127,7 @@ def round_trip(env: RankEnv) -> dict[str, CombineResult | NotChecked]:
 
     def then(adapter: Any, dispatched: tuple[DispatchView, dict[str, Any]]) -> CombineResult:
         _, raw = dispatched
-        x, _ = adapter.combine(raw, raw["recv_x"])
+        x, _ = adapter.combine(raw, raw.recv_x)
         return CombineResult(adapter.describe_combine(env.example, env.rank), x.cpu(), None,
                              reduction_group=reduction_group(adapter, raw))
 
@@ -216,7 +217,7 @@ def gradients(env: RankEnv) -> dict[str, GradResult | NotChecked]:
             not_checked.append(NotChecked.part(spec.name, Why.CAPABILITY, "x.grad against a direct combine: the "
                                                "backend does not declare the capability 'combine'"))
 
-        expert_out = raw["recv_x"].detach().clone().requires_grad_(True)
+        expert_out = raw.recv_x.detach().clone().requires_grad_(True)
         adapter.fused_combine(raw, expert_out).backward(upstream_y)
         if spec.has("cached_dispatch"):
             direct_rows = adapter.cached_dispatch(raw, upstream_y.contiguous()).cpu()

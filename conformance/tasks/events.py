@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from conformance.backends.contract import Raw
 from conformance.core.example import Example, RankInputs
 from conformance.core.outcomes import NotChecked
 from conformance.core.views import DispatchOptions, DispatchView, Raised
@@ -81,29 +82,29 @@ def _dispatch_after_compute(adapter: Any, inputs: RankInputs, example: Example, 
     return frozen(adapter.dispatch(delayed, example, DispatchOptions(async_finish=True, previous_event=True), rank)[0])
 
 
-def _combine_with_block(adapter: Any, raw: dict[str, Any], async_flag: bool) -> tuple[torch.Tensor, Any, Any]:
+def _combine_with_block(adapter: Any, raw: Raw, async_flag: bool) -> tuple[torch.Tensor, Any, Any]:
     """Combine the received rows back (identity experts): ``(combined_x, combined_topk_weights, released)``.
 
     Async, the expert outputs are written by a compute still running when the combine is called, which waits for
     it through ``previous_event`` (``allocate_on_comm_stream=True``), and the results are waited on by ``with
     event(release_handle=True):`` (``released``: the ``EventOverlap`` let go of its event on exit).  A plug-in waits
     the way its own code does, inside its combine (``released`` None)."""
-    x, weights = raw["recv_x"], raw["recv_topk_weights"]
+    x, weights = raw.recv_x, raw.recv_topk_weights
     if adapter.spec.plugin:
         combined, combined_w = adapter.combine(raw, x, topk_weights=weights if adapter.spec.has("combine_weights")
                                                else None, async_finish=async_flag)
         return combined.cpu().clone(), None if combined_w is None else combined_w.cpu().clone(), None
-    buffer = adapter.buffer if adapter.api == "v1" else raw["buffer"]
+    buffer = adapter.buffer if adapter.api == "v1" else raw.buffer
     ordered: dict[str, Any] = {}
     if async_flag:
-        x = stale_copy(raw["recv_x"])
-        start_compute(x, raw["recv_x"])
+        x = stale_copy(raw.recv_x)
+        start_compute(x, raw.recv_x)
         ordered = {"previous_event": buffer.capture(), "allocate_on_comm_stream": True}
     if adapter.api == "v1":
-        combined, combined_w, event = buffer.combine(x, raw["handle"], topk_weights=weights, async_finish=async_flag,
+        combined, combined_w, event = buffer.combine(x, raw.handle, topk_weights=weights, async_finish=async_flag,
                                                      **ordered)
     else:
-        combined, combined_w, event = buffer.combine(x, raw["handle"], topk_weights=weights,
+        combined, combined_w, event = buffer.combine(x, raw.handle, topk_weights=weights,
                                                      async_with_compute_stream=async_flag, **ordered)
     released = None
     if async_flag:

@@ -269,7 +269,7 @@ def _child_main(orders: dict[str, Any]) -> None:
     if case.scenario == "garbage-collected":
         adapter.explicitly_destroy = False
     view, raw = adapter.dispatch(env.inputs, example, DispatchOptions(), env.rank)
-    adapter.combine(raw, raw["recv_x"])
+    adapter.combine(raw, raw.recv_x)
     del view, raw
     print(CALLS_DONE, flush=True)
     print(ENDING + describe_end(spec, case.scenario, adapter), flush=True)

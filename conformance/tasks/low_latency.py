@@ -23,8 +23,8 @@ def low_latency_runs(env: RankEnv) -> dict[str, Any]:
         assert env.example is not None
         out = adapter.low_latency(env.inputs, env.example, env.rank, env.world_size)
         view, raw = adapter.dispatch(env.inputs, env.example, DispatchOptions(), env.rank)
-        weights = raw["recv_topk_weights"].to(torch.float32).sum(dim=1, keepdim=True)
-        expert_out = (raw["recv_x"].to(torch.float32) * weights).to(torch.bfloat16)
+        weights = raw.recv_topk_weights.to(torch.float32).sum(dim=1, keepdim=True)
+        expert_out = (raw.recv_x.to(torch.float32) * weights).to(torch.bfloat16)
         out["normal"] = adapter.combine(raw, expert_out)[0].cpu()
         return out
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import NotSupported
+from conformance.backends.contract import NotSupported, Raw
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import RankInputs, bias_argument, build_biases, second_payload
 from conformance.core.views import DispatchOptions, DispatchView, Raised, v2_layout
@@ -49,7 +49,7 @@ def _handle_copy_run(env: RankEnv, adapter: Any, do_handle_copy: bool, stats: to
     if do_handle_copy:
         topk_idx.fill_(-1)  # the caller reuses its tensor: the handle must not see it
         cached = adapter.cached_dispatch(raw, second_payload(env.example, env.rank).to(env.device)).cpu()
-    combined_x, combined_w = adapter.combine(raw, raw["recv_x"], topk_weights=raw["recv_topk_weights"])
+    combined_x, combined_w = adapter.combine(raw, raw.recv_x, topk_weights=raw.recv_topk_weights)
     return HandleCopyRun(view, cached, combined_x.cpu(), None if combined_w is None else combined_w.cpu(),
                          reduction_group(adapter, raw), do_handle_copy)
 
@@ -123,12 +123,12 @@ def size_hints(adapter: Any, case: BufferOptionsCase) -> dict[tuple[str, bool, b
             for name, shape in shapes.items() for fp8, hybrid, amr in HINT_OPTIONS}
 
 
-def _expert_outputs(view: DispatchView, raw: dict[str, Any], rank: int, experts_per_rank: int, do_expand: bool
+def _expert_outputs(view: DispatchView, raw: Raw, rank: int, experts_per_rank: int, do_expand: bool
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The test's experts: without expand, every received row and weight times ``1 + rank`` (P5's); in expand mode,
     each expert ``e`` (global index) returns its rows and their 1-D weights times ``33 + 2 e`` (the oracle's
     ``expanded_expert_scale``; padding rows are returned as received)."""
-    recv_x, recv_w = raw["recv_x"], raw["recv_topk_weights"]
+    recv_x, recv_w = raw.recv_x, raw.recv_topk_weights
     if not do_expand:
         scale = torch.tensor(float(1 + rank), dtype=torch.float32, device=recv_x.device)
         return (recv_x.float() * scale).to(torch.bfloat16), recv_w.float() * scale
@@ -204,7 +204,7 @@ def _epilogue_run(env: RankEnv, adapter: Any, async_finish: bool) -> tuple[Epilo
     real_bias = build_biases(example, env.rank, 1)[0].to(env.device)
     bias = stale_copy(real_bias)
     event = side_compute(bias, real_bias, adapter.capture)
-    combined, _ = adapter.combine(raw, raw["recv_x"], bias=bias, async_finish=async_finish, before_epilogue=event)
+    combined, _ = adapter.combine(raw, raw.recv_x, bias=bias, async_finish=async_finish, before_epilogue=event)
     combined = combined.cpu().clone()
     finish_all(env.device)
     return EpilogueRun(dataclasses.replace(view, x=view.x.clone()), seen, combined, reduction_group(adapter, raw)), raw
@@ -231,11 +231,11 @@ def _wrong_event_dispatch(env: RankEnv, adapter: Any) -> Raised:
         previous_event_before_epilogue=wrong))
 
 
-def _wrong_event_combine(adapter: Any, raw: dict[str, Any]) -> Raised:
+def _wrong_event_combine(adapter: Any, raw: Raw) -> Raised:
     """Built-in backends: combine with an ``EventOverlap`` as ``previous_event_before_epilogue`` (refusal row
     ``v2_combine_event_type``)."""
-    wrong = adapter.module.EventOverlap(raw["buffer"].capture())
-    return _refused(lambda: raw["buffer"].combine(raw["recv_x"], raw["handle"], previous_event_before_epilogue=wrong))
+    wrong = adapter.module.EventOverlap(raw.buffer.capture())
+    return _refused(lambda: raw.buffer.combine(raw.recv_x, raw.handle, previous_event_before_epilogue=wrong))
 
 
 @rank_task

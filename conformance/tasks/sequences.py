@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import NotSupported
+from conformance.backends.contract import NotSupported, Raw
 from conformance.backends.factory import get_adapter
 from conformance.backends.legacy import NUM_NVL_BYTES, NUM_RDMA_BYTES
 from conformance.backends.results import counts_list, returned, tensors
@@ -219,18 +219,18 @@ class _Shim:
     def __init__(self, state: BackendState) -> None:
         self.state, self.step = state, Step("grad")
 
-    def dispatch(self, inputs: RankInputs, example: Example, options: Any, rank: int) -> tuple[None, dict[str, Any]]:
+    def dispatch(self, inputs: RankInputs, example: Example, options: Any, rank: int) -> tuple[None, Raw]:
         flight = _dispatch(self.state, self.state.buffer, inputs, example, self.step)
         out = flight.outputs
-        return None, {"handle": out["handle"], "recv_x": out["x"], "recv_topk_weights": out["topk_weights"]}
+        return None, Raw(out["x"], out["topk_weights"], handle=out["handle"])
 
-    def combine(self, raw: dict[str, Any], x: torch.Tensor, topk_weights: torch.Tensor | None = None,
+    def combine(self, raw: Raw, x: torch.Tensor, topk_weights: torch.Tensor | None = None,
                 bias: Any = None, async_finish: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = _combine(self.state, self.state.buffer, raw["handle"], x, self.step, topk_weights).outputs
+        out = _combine(self.state, self.state.buffer, raw.handle, x, self.step, topk_weights).outputs
         return out["x"], out["topk_weights"]
 
-    def cached_dispatch(self, raw: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
-        return _cached(self.state, self.state.buffer, raw["handle"], x, self.step).outputs["x"]
+    def cached_dispatch(self, raw: Raw, x: torch.Tensor) -> torch.Tensor:
+        return _cached(self.state, self.state.buffer, raw.handle, x, self.step).outputs["x"]
 
 
 def _grad(state: BackendState, example: Example, rank: int, device: torch.device) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def soak_repeats(env: RankEnv) -> dict[str, SoakResult | NotChecked]:
         result: SoakResult | None = None
         for repetition in range(case.repetitions):
             view, raw = adapter.dispatch(env.inputs, case.example, DispatchOptions(), env.rank)
-            combined = adapter.combine(raw, raw["recv_x"])[0].cpu()
+            combined = adapter.combine(raw, raw.recv_x)[0].cpu()
             ordered = view.x[_source_order(view)]
             if result is None:
                 first_x, first_combined = ordered, combined

@@ -25,7 +25,7 @@ def _observe_arities(env: RankEnv) -> None:
         try:
             adapter = get_adapter(spec)
             _, raw = adapter.dispatch(inputs, example, DispatchOptions(), env.rank)
-            adapter.combine(raw, raw["recv_x"], topk_weights=raw["recv_topk_weights"])
+            adapter.combine(raw, raw.recv_x, topk_weights=raw.recv_topk_weights)
         except Exception:  # noqa: BLE001 - judged by the other properties
             continue
 

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, given, settings
+from hypothesis import HealthCheck, given, settings
 
 from conformance.core.example import SPECIAL_BF16_BITS, Example, build_all_inputs, build_rank_inputs
+from conformance.harness.hypothesis_glue import ALL_HEALTH_CHECKS, DRAWN_ONLY, NEW_DRAWS, drawing, drawn, found
 from conformance.strategies import ALIGNMENTS, DRAWN_ROUTING_MAX_SLOTS, examples
 from conformance.strategies.vocabulary import JIT, snap_example
+from tests.helpers.meta import assert_reaches, searching
 
 WORLD = 4
-#: Reaching a corner: the first example found is enough (no shrinking, which cost most of these tests' time).
-COVERAGE = settings(max_examples=3000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
-#: Shrinking a found example (the draws' shrinking itself is what is tested).
-SHRINKING = settings(COVERAGE, phases=list(Phase))
 
 
 def _inputs(example: Example) -> list:
@@ -52,7 +49,7 @@ CORNERS = {
 
 @pytest.mark.parametrize("corner", sorted(CORNERS))
 def test_strategy_reaches(corner: str) -> None:
-    find(examples(WORLD), CORNERS[corner], settings=COVERAGE)
+    assert_reaches(examples(WORLD), CORNERS[corner], 3000)
 
 
 @pytest.mark.parametrize("alignment", [a for a in ALIGNMENTS if a > 1])
@@ -64,7 +61,7 @@ def test_counts_just_around_an_alignment_multiple(alignment: int, offset: int) -
         counts = _counts_per_expert(e)
         return bool(((counts > 0) & ((counts - offset) % alignment == 0) & (counts - offset > 0)).any())
 
-    find(examples(WORLD, hidden_sizes=(128,)), near_multiple, settings=COVERAGE)
+    assert_reaches(examples(WORLD, hidden_sizes=(128,)), near_multiple, 3000)
 
 
 @settings(max_examples=60, database=None, deadline=None, suppress_health_check=list(HealthCheck))
@@ -95,19 +92,14 @@ def test_inputs_are_valid_and_deterministic(example: Example) -> None:
 
 
 def _share_of_hidden_128(strategy, example_of, seed_value: int) -> float:
-    from hypothesis import HealthCheck, Phase, given, seed, settings
+    """The share of hidden=128 in 25 draws seeded with ``seed_value``, drawn as the suite draws them (the glue)."""
+    hidden_128: list[bool] = []
 
-    drawn: list[bool] = []
-
-    @seed(seed_value)
-    @settings(max_examples=25, database=None, deadline=None, suppress_health_check=list(HealthCheck),
-              phases=[Phase.generate])
-    @given(strategy)
     def collect(case) -> None:
-        drawn.append(example_of(case).hidden == 128)
+        hidden_128.append(example_of(case).hidden == 128)
 
-    collect()
-    return sum(drawn) / len(drawn)
+    drawn(collect, strategy, drawing(25, phases=DRAWN_ONLY, health_checks=ALL_HEALTH_CHECKS), seed_value)()
+    return sum(hidden_128) / len(hidden_128)
 
 
 def test_strategies_spend_little_of_v2s_budget_on_its_known_combine_limit() -> None:
@@ -174,7 +166,7 @@ def test_a_drawn_routing_shrinks_to_the_slots_a_failure_needs() -> None:
         return e.topk_idx is not None and any(slot >= 0 and slot // e.experts_per_rank == 1
                                               for row in e.topk_idx[0] for slot in row)
 
-    found = find(examples(2), crosses, settings=SHRINKING)
-    assert found.tokens_per_rank == (1, 0) and found.topk_idx is not None, found
-    (row,) = found.topk_idx[0]
-    assert [e for e in row if e >= found.experts_per_rank] == [found.experts_per_rank], found
+    case = found(examples(2), crosses, searching(3000, NEW_DRAWS))
+    assert case.tokens_per_rank == (1, 0) and case.topk_idx is not None, case
+    (row,) = case.topk_idx[0]
+    assert [e for e in row if e >= case.experts_per_rank] == [case.experts_per_rank], case

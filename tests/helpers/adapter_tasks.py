@@ -69,10 +69,10 @@ def v2_conventions() -> dict[str, Any]:
     example = Example((5, 3), 256, 2, 4, seed=1)
     inputs = build_rank_inputs(example, ctx.rank)
     _, raw = adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)
-    adapter.combine(raw, raw["recv_x"], raw["recv_topk_weights"])
+    adapter.combine(raw, raw.recv_x, raw.recv_topk_weights)
     cached = adapter.cached_dispatch(raw, inputs.x)
-    same_bytes = torch.equal(cached.view(torch.int16), raw["recv_x"].view(torch.int16))
-    num_allocated_qps = raw["buffer"].num_allocated_qps
+    same_bytes = torch.equal(cached.view(torch.int16), raw.recv_x.view(torch.int16))
+    num_allocated_qps = raw.buffer.num_allocated_qps
     adapter.dispatch(inputs, example, DispatchOptions(), ctx.rank)  # same pinned key: no new buffer
     for hidden in (512, 1024, 2048, 4096):  # new keys: the least recently used buffer is destroyed
         bigger = Example((5, 3), hidden, 2, 4, seed=1)
@@ -128,7 +128,7 @@ def v2_option_conventions() -> list:
     stats = torch.zeros(example.experts_per_rank, dtype=torch.int32)
     options = DispatchOptions(do_handle_copy=False, allow_multiple_reduction=False, prefer_overlap_with_compute=False)
     _, raw = adapter.dispatch(inputs, example, options, ctx.rank, stats=stats, before_epilogue=adapter.capture())
-    adapter.combine(raw, raw["recv_x"], before_epilogue=adapter.capture())
+    adapter.combine(raw, raw.recv_x, before_epilogue=adapter.capture())
     expand = DispatchOptions(do_expand=True, do_zero_padding=True, do_cpu_sync=False)
     adapter.dispatch(inputs, example, expand, ctx.rank)  # the default buffer options: another buffer
     adapter.destroy()

@@ -231,9 +231,9 @@ def test_p12_does_not_make_the_calls_a_set_up_limit_names(shared_session) -> Non
 
 
 def _first(strategy: Any) -> Any:
-    from hypothesis import find, settings
+    from conformance.harness.hypothesis_glue import NEW_DRAWS, drawing, found
 
-    return find(strategy, lambda case: True, settings=settings(database=None, max_examples=10))
+    return found(strategy, lambda case: True, drawing(10, phases=NEW_DRAWS))
 
 
 @pytest.mark.slow  # one planted hang: scheduled first

@@ -4,16 +4,13 @@ alignments 1, 16 and 128."""
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_raw_counts
 from conformance.strategies.layout import alignment_examples
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P2 = "P2-counts"
-COVERAGE = settings(max_examples=2000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def raw_counts(example: Example) -> list[int]:
@@ -58,13 +55,13 @@ def test_p2_strategy_reaches_counts_around_alignment_multiples(alignment: int, e
             c > alignment and c % alignment == wanted for c in raw_counts(example)
         )
 
-    find(alignment_examples(2), reaches, settings=COVERAGE)
+    assert_reaches(alignment_examples(2), reaches, 2000)
 
 
 def test_p2_strategy_reaches_alignment_one_and_empty_experts() -> None:
-    find(alignment_examples(2), lambda ex: ex.expert_alignment == 1 and any(c > 1 for c in raw_counts(ex)),
-         settings=COVERAGE)
-    find(alignment_examples(2), lambda ex: ex.expert_alignment > 1 and 0 in raw_counts(ex), settings=COVERAGE)
+    assert_reaches(alignment_examples(2), lambda ex: ex.expert_alignment == 1 and any(c > 1 for c in raw_counts(ex)),
+                   2000)
+    assert_reaches(alignment_examples(2), lambda ex: ex.expert_alignment > 1 and 0 in raw_counts(ex), 2000)
 
 
 def test_p2_oracle_matches_the_real_recordings() -> None:

@@ -1,16 +1,13 @@
 """Meta-tests of P3: it catches a token routed to the wrong local expert, holds on the emulation (one and two
 nodes, shuffled V2 order), and its strategy produces received tokens mixing local and -1 slots."""
 
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_received_tokens, expected_recv_topk_idx
 from conformance.strategies.layout import layout_examples
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P3 = "P3-recv-topk-idx"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def received_rows(example: Example) -> list[list[int]]:
@@ -39,8 +36,8 @@ def test_p3_strategy_mixes_local_and_minus_one_slots() -> None:
         return any(-1 in inputs[s].topk_idx[t].tolist() for r in range(example.world_size)
                    for s, t in expected_received_tokens(example, inputs, r))
 
-    find(layout_examples(2), lambda ex: any(-1 in row and max(row) >= 0 for row in received_rows(ex)),
-         settings=COVERAGE)
-    find(layout_examples(2), lambda ex: any(sum(i >= 0 for i in row) >= 2 for row in received_rows(ex)),
-         settings=COVERAGE)
-    find(layout_examples(2), lambda ex: ex.mask_ratio > 0 and masked_slot(ex), settings=COVERAGE)
+    assert_reaches(layout_examples(2), lambda ex: any(-1 in row and max(row) >= 0 for row in received_rows(ex)),
+                   1000)
+    assert_reaches(layout_examples(2), lambda ex: any(sum(i >= 0 for i in row) >= 2 for row in received_rows(ex)),
+                   1000)
+    assert_reaches(layout_examples(2), lambda ex: ex.mask_ratio > 0 and masked_slot(ex), 1000)

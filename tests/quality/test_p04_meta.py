@@ -2,7 +2,6 @@
 reports the V1/V2 difference at -1 slots as a divergence (only when it is observable), holds on the
 emulation, and its strategy produces received tokens with -1 slots of both kinds."""
 
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.harness.session import Recorder
@@ -11,11 +10,9 @@ from conformance.properties import catalog
 from conformance.properties.test_p04_weights import DIVERGENCE_KEY
 from conformance.strategies.layout import layout_examples
 from conformance.tasks.dispatch import dispatch_views
-from tests.helpers.meta import RecordingContext, assert_caught, assert_holds, sample
+from tests.helpers.meta import RecordingContext, assert_caught, assert_holds, assert_reaches, sample
 
 P4 = "P4-weights"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 #: top-4 of 4 experts on 2 ranks: every received token has two slots pointing at the other rank (-1 slots).
 WITH_MINUS_ONE = Example(tokens_per_rank=(6, 5), hidden=128, num_topk=4, num_experts=4, seed=1)
 #: top-1, nothing masked: every received token's only slot is local, so no -1 slot exists anywhere.
@@ -76,7 +73,7 @@ def test_p4_holds_on_the_emulation_including_two_nodes(emulated_session, two_nod
 
 
 def test_p4_strategy_produces_both_kinds_of_minus_one_slots() -> None:
-    find(layout_examples(2), lambda ex: minus_one_slots(ex)[0] > 0, settings=COVERAGE)
-    find(layout_examples(2), lambda ex: minus_one_slots(ex)[1] > 0, settings=COVERAGE)
-    find(layout_examples(2), lambda ex: sum(ex.tokens_per_rank) > 0 and minus_one_slots(ex) == (0, 0),
-         settings=COVERAGE)
+    assert_reaches(layout_examples(2), lambda ex: minus_one_slots(ex)[0] > 0, 1000)
+    assert_reaches(layout_examples(2), lambda ex: minus_one_slots(ex)[1] > 0, 1000)
+    assert_reaches(layout_examples(2), lambda ex: sum(ex.tokens_per_rank) > 0 and minus_one_slots(ex) == (0, 0),
+                   1000)

@@ -5,7 +5,6 @@ a V2 backend, holds on the emulation, and its strategy produces padded experts a
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.core.spec import BackendSpec
@@ -16,11 +15,9 @@ from conformance.properties import NotApplicable, catalog
 from conformance.strategies.layout import alignment_examples
 from conformance.tasks.dispatch import expand_views
 from conformance.world.launcher import WorldShape
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P8 = "P8-expand-layout"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def padded_gap(example: Example) -> bool:
@@ -80,8 +77,8 @@ def test_p8_is_not_applicable_without_a_v2_backend_and_says_why() -> None:
 
 
 def test_p8_strategy_produces_padding_and_multi_slot_tokens() -> None:
-    find(alignment_examples(2), lambda ex: ex.expert_alignment >= 16 and padded_gap(ex), settings=COVERAGE)
-    find(alignment_examples(2), lambda ex: ex.expert_alignment > 1 and multi_local_slots(ex), settings=COVERAGE)
+    assert_reaches(alignment_examples(2), lambda ex: ex.expert_alignment >= 16 and padded_gap(ex), 1000)
+    assert_reaches(alignment_examples(2), lambda ex: ex.expert_alignment > 1 and multi_local_slots(ex), 1000)
 
 
 def test_p8_padding_mutant_really_writes_the_padding(emulated_session) -> None:

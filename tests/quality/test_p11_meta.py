@@ -3,8 +3,8 @@
 import dataclasses
 
 import pytest
-from hypothesis import find, settings
 
+from conformance.harness.hypothesis_glue import found
 from conformance.strategies.calls import qp_cases
 from tests.helpers.meta import FIND_SETTINGS, assert_caught, assert_holds, assert_reaches, sample
 
@@ -122,7 +122,7 @@ def test_p11_does_not_build_a_cpu_bytes_buffer_on_the_real_library_with_ranks_sh
     from conformance.tasks import qp
     from conformance.tasks.setup import SetupLimited
 
-    case = find(qp_cases(2), lambda c: c.num_cpu_bytes > 0, settings=settings(FIND_SETTINGS, database=None))
+    case = found(qp_cases(2), lambda c: c.num_cpu_bytes > 0, FIND_SETTINGS)
 
     def adapter(real: bool) -> SimpleNamespace:  # what the guard reads: the spec and the size hint (then: no env)
         return SimpleNamespace(spec=SimpleNamespace(real=real), class_name="ElasticBuffer",

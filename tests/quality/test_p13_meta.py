@@ -4,17 +4,13 @@ strategy produces ranks receiving several tokens from several sources (where ord
 
 from collections import Counter
 
-from hypothesis import HealthCheck, Phase, find, settings
-
 from conformance.core.example import Example, build_all_inputs
 from conformance.oracle import expected_received_tokens
 from conformance.strategies.layout import layout_examples
 from conformance.tasks.dispatch import repeated_views
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 P13 = "P13-determinism"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 #: Both ranks send 12 tokens over 4 experts, top-2: every rank receives many tokens from both sources.
 BUSY = Example(tokens_per_rank=(12, 12), hidden=128, num_topk=2, num_experts=4, seed=7)
 
@@ -51,5 +47,5 @@ def test_p13_holds_on_the_emulation_including_two_nodes(emulated_session, two_no
 
 
 def test_p13_strategy_produces_examples_where_order_matters() -> None:
-    find(layout_examples(2), lambda ex: order_matters(ex, per_source_min=3), settings=COVERAGE)
-    find(layout_examples(4), lambda ex: order_matters(ex, per_source_min=3), settings=COVERAGE)
+    assert_reaches(layout_examples(2), lambda ex: order_matters(ex, per_source_min=3), 1000)
+    assert_reaches(layout_examples(4), lambda ex: order_matters(ex, per_source_min=3), 1000)

@@ -4,7 +4,6 @@ on the emulation (one and two nodes); a plug-in without the capability is unsupp
 reaches its corners."""
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.example import Example, build_all_inputs
 from conformance.core.spec import BackendSpec
@@ -15,11 +14,9 @@ from conformance.oracle.counts import expected_padding_rows
 from conformance.properties import catalog
 from conformance.strategies.options import dispatch_option_examples
 from conformance.world.launcher import WorldShape
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 PID = "P20-dispatch-options"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def padded(example: Example) -> bool:
@@ -68,13 +65,13 @@ def test_a_plugin_without_the_capability_is_unsupported_with_the_reason() -> Non
 
 def test_strategy_reaches_its_corners() -> None:
     strategy = dispatch_option_examples(2)
-    find(strategy, lambda e: e.expert_alignment >= 16 and padded(e), settings=COVERAGE)
-    find(strategy, lambda e: e.expert_alignment > 1 and sum(e.tokens_per_rank) > 0 and not padded(e),
-         settings=COVERAGE)  # aligned counts exactly: nothing to zero
-    find(strategy, lambda e: e.payload == "random", settings=COVERAGE)
+    assert_reaches(strategy, lambda e: e.expert_alignment >= 16 and padded(e), 1000)
+    assert_reaches(strategy, lambda e: e.expert_alignment > 1 and sum(e.tokens_per_rank) > 0 and not padded(e),
+                   1000)  # aligned counts exactly: nothing to zero
+    assert_reaches(strategy, lambda e: e.payload == "random", 1000)
 
     def idle_expert(e: Example) -> bool:  # a local expert that receives nothing: its statistic stays 0
         inputs = build_all_inputs(e)
         return sum(e.tokens_per_rank) > 0 and any(0 in expected_raw_counts(e, inputs, r) for r in range(2))
 
-    find(strategy, idle_expert, settings=COVERAGE)
+    assert_reaches(strategy, idle_expert, 1000)

@@ -8,7 +8,6 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.core.cases import BufferOptionsCase
 from conformance.core.example import Example, build_all_inputs
@@ -17,11 +16,9 @@ from conformance.oracle.tree import predict_levels, v2_combine_groups
 from conformance.strategies.options import buffer_option_cases
 from conformance.tasks.options import buffer_option_combine
 from conformance.world.errors import RankRaised
-from tests.helpers.meta import assert_caught, assert_holds, fails, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, fails, sample
 
 PID = "P21-buffer-options"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def multi_local_slots(example: Example) -> bool:
@@ -145,10 +142,10 @@ def test_spares_a_different_sm_schedule_which_really_changes_the_sm_count(emulat
 
 def test_strategy_reaches_its_corners() -> None:
     strategy = buffer_option_cases(2)
-    find(strategy, lambda c: c.mode == "exact" and multi_local_slots(c.example), settings=COVERAGE)
-    find(strategy, lambda c: not c.prefer_overlap_with_compute, settings=COVERAGE)
-    find(strategy, lambda c: c.mode == "bounded" and multi_local_slots(c.example), settings=COVERAGE)
-    find(strategy, lambda c: c.num_bias == 2 and c.mode == "exact", settings=COVERAGE)
-    find(strategy, lambda c: c.size_tokens > 2048 and c.size_hidden >= 4096, settings=COVERAGE)  # beyond 2 MiB
-    find(strategy, lambda c: c.size_topk == 0, settings=COVERAGE)  # sized for 32 slots
+    assert_reaches(strategy, lambda c: c.mode == "exact" and multi_local_slots(c.example), 1000)
+    assert_reaches(strategy, lambda c: not c.prefer_overlap_with_compute, 1000)
+    assert_reaches(strategy, lambda c: c.mode == "bounded" and multi_local_slots(c.example), 1000)
+    assert_reaches(strategy, lambda c: c.num_bias == 2 and c.mode == "exact", 1000)
+    assert_reaches(strategy, lambda c: c.size_tokens > 2048 and c.size_hidden >= 4096, 1000)  # beyond 2 MiB
+    assert_reaches(strategy, lambda c: c.size_topk == 0, 1000)  # sized for 32 slots
     assert all(isinstance(c, BufferOptionsCase) and c.example.hidden % 256 == 0 for c in sample(strategy, 20))

@@ -2,14 +2,11 @@
 dispatch's compute and the combine's bias), and a refusal of the wrong event type that is dropped; it holds on the
 emulation (one and two nodes); its strategy reaches its corners."""
 
-from hypothesis import HealthCheck, Phase, find, settings
 
 from conformance.strategies.options import epilogue_examples
-from tests.helpers.meta import assert_caught, assert_holds, sample
+from tests.helpers.meta import assert_caught, assert_holds, assert_reaches, sample
 
 PID = "P22-epilogue-events"
-COVERAGE = settings(max_examples=1000, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
-                    suppress_health_check=list(HealthCheck))
 
 
 def test_catches_an_ignored_epilogue_event(emulated_session) -> None:
@@ -30,6 +27,6 @@ def test_holds_on_the_emulation_including_two_nodes(emulated_session, two_node_s
 
 def test_strategy_reaches_its_corners() -> None:
     strategy = epilogue_examples(2)
-    find(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0, settings=COVERAGE)
-    find(strategy, lambda e: e.mask_ratio == 1.0, settings=COVERAGE)  # nothing received: the bias alone comes back
-    find(strategy, lambda e: e.payload == "random", settings=COVERAGE)
+    assert_reaches(strategy, lambda e: 0 in e.tokens_per_rank and sum(e.tokens_per_rank) > 0, 1000)
+    assert_reaches(strategy, lambda e: e.mask_ratio == 1.0, 1000)  # nothing received: the bias alone comes back
+    assert_reaches(strategy, lambda e: e.payload == "random", 1000)

@@ -10,19 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, settings
-from hypothesis.stateful import run_state_machine_as_test
 
 from conformance.core.cases import SequenceCase, SoakCase
+from conformance.harness.hypothesis_glue import ALL_HEALTH_CHECKS, drawing, machine_test
 from conformance.properties.test_p31_soak import soak_examples
 from conformance.strategies.sequences import SequenceModel, sequence_cases, sequence_machine
 from conformance.world.errors import RankRaised
-from tests.helpers.meta import FIND_SETTINGS, sample
+from tests.helpers.meta import assert_reaches, sample
 
 P30 = "P30-call-sequences"
 #: Replaying a shrink candidate runs a whole sequence on the world: the meta-tests find without shrinking (the
 #: pytest run's state machine shrinks; see P30's docstring (docs/properties.md)).
-NO_SHRINK = settings(FIND_SETTINGS, phases=[Phase.generate])
 SEQUENCE_MUTANTS = ("stale-handle-after-newer-dispatch", "event-misses-own-work-when-busy",
                     "async-calls-share-receive-slot", "destroyed-buffer-revived-by-new-buffer")
 
@@ -38,15 +36,15 @@ def _fails(session: Any, case: SequenceCase, mutant: str | None) -> str | None:
 
 @pytest.mark.parametrize("mutant", SEQUENCE_MUTANTS)
 def test_p30_catches_a_sequence_only_mutant_with_a_short_sequence(emulated_session, mutant: str) -> None:
-    case = find(sequence_cases(2), lambda c: _fails(emulated_session, c, mutant) is not None, settings=NO_SHRINK)
+    case = assert_reaches(sequence_cases(2), lambda c: _fails(emulated_session, c, mutant) is not None)
     message = _fails(emulated_session, case, mutant)
     assert message is not None and "the call sequence" in message or "raised" in message
     assert _fails(emulated_session, case, None) is None, f"P30 fails without {mutant} on {case.calls()}"
 
 
 def test_p30_failure_message_lists_the_calls(emulated_session) -> None:
-    case = find(sequence_cases(2), lambda c: _fails(emulated_session, c, "destroyed-buffer-revived-by-new-buffer")
-                is not None, settings=NO_SHRINK)
+    case = assert_reaches(sequence_cases(2), lambda c: _fails(emulated_session, c,
+                                                              "destroyed-buffer-revived-by-new-buffer") is not None)
     message = _fails(emulated_session, case, "destroyed-buffer-revived-by-new-buffer")
     assert "the call sequence" in message and "destroy" in message and "returned normally" in message
     assert SequenceCase.from_json(case.to_json()) == case  # the report's counterexample replays
@@ -64,21 +62,19 @@ def _out_of_order(refs: list[int]) -> bool:
 
 
 def test_p30_strategy_reaches_its_corners() -> None:
-    # reached is enough: no shrinking of what was found (find() raises NoSuchExample where a corner is not reached)
-    generous = settings(FIND_SETTINGS, max_examples=1000, phases=[Phase.generate])
+    # reached is enough: no shrinking of what was found
     strategy = sequence_cases(2)
     # a combine chained on the event of its dispatch still in flight
-    find(strategy, lambda c: any(s.op == "combine" and s.after == s.ref for s in c.steps), settings=generous)
+    assert_reaches(strategy, lambda c: any(s.op == "combine" and s.after == s.ref for s in c.steps), 1000)
     # two dispatches in flight, waited newest first
-    find(strategy, lambda c: sum(s.op == "dispatch" and s.async_op for s in c.steps) >= 2
-         and any(s.op == "wait" for s in c.steps), settings=generous)
+    assert_reaches(strategy, lambda c: sum(s.op == "dispatch" and s.async_op for s in c.steps) >= 2
+                   and any(s.op == "wait" for s in c.steps), 1000)
     # combine out of dispatch order: a later combine reads an older dispatch than an earlier one (2-3% of draws)
-    find(strategy, lambda c: _out_of_order([s.ref for s in c.steps if s.op == "combine"]),
-         settings=settings(generous, max_examples=3000))
+    assert_reaches(strategy, lambda c: _out_of_order([s.ref for s in c.steps if s.op == "combine"]), 3000)
     # a destroyed buffer used after a re-create; an autograd round trip
-    find(strategy, lambda c: [s.op for s in c.steps].count("create") >= 2
-         and any(s.op == "use_destroyed" for s in c.steps), settings=generous)
-    find(strategy, lambda c: any(s.op == "grad" for s in c.steps), settings=generous)
+    assert_reaches(strategy, lambda c: [s.op for s in c.steps].count("create") >= 2
+                   and any(s.op == "use_destroyed" for s in c.steps), 1000)
+    assert_reaches(strategy, lambda c: any(s.op == "grad" for s in c.steps), 1000)
 
 
 def test_p30_state_machine_only_makes_allowed_calls() -> None:
@@ -104,9 +100,8 @@ def test_p30_state_machine_only_makes_allowed_calls() -> None:
             model.apply(step)
         assert not model.in_flight, "a sequence ended with calls in flight, unread"
 
-    run_state_machine_as_test(sequence_machine(2, run_step, end), settings=settings(
-        max_examples=30, stateful_step_count=10, deadline=None, database=None,
-        suppress_health_check=list(HealthCheck)))
+    machine_test(sequence_machine(2, run_step, end), drawing(30, stateful_step_count=10,
+                                                             health_checks=ALL_HEALTH_CHECKS), None)()
     assert len(seen) > 30
 
 
