@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from conformance.backends.contract import Raw
+from conformance.backends.results import Raw
 from conformance.core.example import Example, RankInputs
 from conformance.core.views import DispatchOptions
 

@@ -17,30 +17,16 @@ protocol on top of a smaller, integrator-shaped one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from conformance.backends.results import Raw
 from conformance.core.example import Example, RankInputs
 from conformance.core.raisers import ApiViolation, NotSupported
 from conformance.core.spec import BackendSpec
 from conformance.core.views import DispatchOptions, DispatchView
-
-
-@dataclass
-class Raw:
-    """What a backend's dispatch returns besides the view, passed back to its combine and cached dispatch: the rows
-    as the dispatch returned them and what the backend needs to go on.  Each backend fills the fields of its API
-    and leaves the others ``None``."""
-
-    recv_x: torch.Tensor  # the received rows, as dispatch returned them
-    recv_topk_weights: torch.Tensor | None  # their top-k weights, as dispatch returned them
-    handle: Any = None  # the dispatch's handle (V1 ``Buffer`` / V2 ``ElasticBuffer``; a plug-in's, where it has one)
-    buffer: Any = None  # V2: the buffer the dispatch ran on (its combine and cached dispatch use that buffer)
-    dispatched: Any = None  # a plug-in: what its wrapper's dispatch returned (``plugins.Dispatched``)
-    v1_num_sms: int | None = None  # V1: the table config's num_sms the dispatch ran with (``None``: the default)
 
 __all__ = ["AdapterBase", "ApiViolation", "Backend", "NotSupported", "Raw", "current_stream_wait"]
 

@@ -8,11 +8,26 @@ backend's failure, not an error of the suite that read it.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from conformance.core.raisers import ApiViolation
+
+
+@dataclass
+class Raw:
+    """What a backend's dispatch returns besides the view, passed back to its combine and cached dispatch: the rows
+    as the dispatch returned them and what the backend needs to go on.  Each backend fills the fields of its API
+    and leaves the others ``None``."""
+
+    recv_x: torch.Tensor  # the received rows, as dispatch returned them
+    recv_topk_weights: torch.Tensor | None  # their top-k weights, as dispatch returned them
+    handle: Any = None  # the dispatch's handle (V1 ``Buffer`` / V2 ``ElasticBuffer``; a plug-in's, where it has one)
+    buffer: Any = None  # V2: the buffer the dispatch ran on (its combine and cached dispatch use that buffer)
+    dispatched: Any = None  # a plug-in: what its wrapper's dispatch returned (``plugins.Dispatched``)
+    v1_num_sms: int | None = None  # V1: the table config's num_sms the dispatch ran with (``None``: the default)
 
 
 def kind(value: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from conformance.backends.contract import NotSupported
+from conformance.backends.contract import NotSupported, Raw
 from conformance.backends.graphs import V1_INTERNODE, describe_step, readout, worst_case_step
 from conformance.core.cases import GraphCase
 from conformance.core.example import build_rank_inputs
@@ -61,7 +61,8 @@ def graph_replays(env: RankEnv) -> dict[str, Any]:
     def read(adapter: Any, out: dict, k: int, what: str) -> Readout:
         call = f"{describe_step(adapter, sets[k], env.rank)}, {what} on input set {k}"
         view, combined_x = readout(adapter, out, sets[k], env.rank, call)
-        group = adapter.reduction_group({"buffer": adapter.buffer(sets[k])} if adapter.api == "v2" else {})
+        group = adapter.reduction_group(Raw(out["recv_x"], out["recv_topk_weights"],
+                                            buffer=adapter.buffer(sets[k]) if adapter.api == "v2" else None))
         return Readout(k, view, CombineResult(call, combined_x, None, reduction_group=group))
 
     def run(adapter: Any) -> GraphRun:

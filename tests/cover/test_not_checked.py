@@ -62,3 +62,14 @@ def test_a_column_lists_its_kinds_of_reason_in_one_order() -> None:
     columns = annotate_verdicts(entry, RunConfig(WorldShape(1, 2), (V1, V2)), 1)
     assert columns["emulated-v1"]["status"] == "unsupported" and columns["emulated-v1"]["why"] == ["api"], columns
     assert columns["emulated-v2"]["why"] == ["capability", "hung"], columns  # Why's order, not the order seen
+
+
+def test_every_kind_of_reason_is_given_somewhere() -> None:
+    """A kind no path gives would be a reason the report can never say (a dead word in the vocabulary)."""
+    from pathlib import Path
+
+    import conformance
+
+    source = "\n".join(path.read_text() for path in Path(conformance.__file__).parent.rglob("*.py"))
+    given = {why for why in Why if f"Why.{why.name}" in source}
+    assert given == set(Why), set(Why) - given
