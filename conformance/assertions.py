@@ -6,7 +6,7 @@ expected ... [ElasticBuffer.dispatch(...) on rank 1]``.  Bit patterns are shown 
 payloads, -0.0 and subnormals are visible.  ``__tracebackhide__`` keeps pytest's traceback on the property.
 
 :func:`for_each_backend` is the one loop over ranks x backends x consecutive backend pairs that the checks
-share; it records :class:`~conformance.core.views.NotChecked` results instead of checking them.
+share; it records :class:`~conformance.core.outcomes.NotChecked` results instead of checking them.
 
 (Over 400 lines: the helpers share the formatting and the byte views below, and splitting them by property
 would bring back the duplicates this module replaced.)
@@ -163,7 +163,7 @@ def for_each_backend(
     *,
     backend_major: bool = False,
 ) -> None:
-    """For every rank and backend: ``check(rank, backend, result)`` (an :class:`NotChecked` result is recorded,
+    """For every rank and backend: ``check(rank, backend, result)`` (a :class:`NotChecked` result is recorded,
     not checked); then ``pairwise(rank, (first, a), (other, b))`` for each compared pair of checked backends (the
     context's ``pairs(names)``, ``conformance.harness.pairs.compared_pairs``; consecutive ones for a context without
     it), with what ``check`` returned (the result itself when it returned ``None``)."""
@@ -410,7 +410,7 @@ def refused_on_every_rank(outcomes: Sequence[Any], *, call: str) -> bool:
 
 def assert_view_matches_oracle(recorder: RecordsNotChecked, example: Example, rank: int,
                                view: DispatchView | NotChecked, *, after: str = "") -> DispatchView | None:
-    """``view`` holds the oracle's receipts for ``rank`` (an :class:`NotChecked` view is recorded, not failed)."""
+    """``view`` holds the oracle's receipts for ``rank`` (a :class:`NotChecked` view is recorded, not failed)."""
     __tracebackhide__ = True
     if isinstance(view, NotChecked):
         recorder.not_checked(view, example)

@@ -8,7 +8,7 @@ What a backend supports is declared, not discovered: ``spec.capabilities`` (see
 :data:`conformance.core.spec.CAPABILITIES`).  A property that needs a capability the backend does not declare
 is reported ``unsupported`` for it before anything runs.  A configuration the backend cannot handle at run
 time is refused by raising :class:`NotSupported` with the reason: the rank task turns it into that backend's
-:class:`~conformance.core.views.NotChecked` result, which the report lists as ``unsupported`` with the
+:class:`~conformance.core.outcomes.NotChecked` result, which the report lists as ``unsupported`` with the
 reason and the example (never a failure, never a silent pass).  Any other exception is a failure.
 
 Plug-ins usually subclass :class:`conformance.backends.plugins.PluginBackend`, which implements this

@@ -2,10 +2,10 @@
 property's :class:`Status` (its worst column's verdict, or what kept it from having one) and :class:`NotChecked`: what
 a backend was not checked on, over what span (:class:`Span`) and why (:class:`Why`).
 
-Both are ``StrEnum``: a member *is* its string, so the report's JSON, Markdown and HTML (schema 3) are unchanged and
-the members compare equal to the strings older reports hold.  ``conformance.harness.verdicts`` (the tally),
-``conformance.reporting.report`` (severity) and ``conformance.reporting.matrix`` (display order) read their lists from
-here: one definition.
+The enums are ``StrEnum``: a member *is* its string, so the report's JSON, Markdown and HTML are unchanged (a
+column's ``why`` lists :class:`Why` members) and the members compare equal to the strings older reports hold.
+``conformance.harness.verdicts`` (the tally), ``conformance.reporting.report`` (severity) and
+``conformance.reporting.matrix`` (display order) read their lists from here: one definition.
 """
 
 from __future__ import annotations

@@ -218,10 +218,9 @@ class Session:
                      excluded: dict[str, NotChecked] | None = None) -> TaskSettings:
         """The task settings of ``prop``: the selected backends of the APIs it exercises that declare the capabilities
         it needs, the planted mutant.  The others are recorded (:meth:`not_checked`, span ``property``) with the
-        reason.  Backends
-        the construction preflight found broken are left out too (their failure is reported by the driver), unless
-        ``include_broken`` or the property runs on a broken build (``runs_when_broken``: it then gets their names in
-        ``TaskSettings.broken`` and makes no call on them).
+        reason.  Backends the construction preflight found broken are left out too (their failure is reported by the
+        driver), unless ``include_broken`` or the property runs on a broken build (``runs_when_broken``: it then gets
+        their names in ``TaskSettings.broken`` and makes no call on them).
 
         Raises :class:`NotApplicable` when no selected backend is left.  ``excluded``: :meth:`excluded`'s answer,
         where the caller has it already."""
@@ -231,6 +230,7 @@ class Session:
         hung = self.recorder.hung  # backends whose calls hung on an earlier example of this property
         specs = tuple(b for b in self.config.backends if b.name not in excluded and b.name not in leave_out
                       and b.name not in hung and b.name not in self.left_out)
+        self.recorder.excluded = {}  # (this property's: a session may be asked for several)
         for item in excluded.values():
             self.not_checked(item)
         if not specs and hung:
@@ -574,8 +574,8 @@ class Session:
             reasons = recorder.not_checked.setdefault(item.backend, [])
             if item.reason not in reasons:
                 reasons.append(item.reason)
-        else:
-            text = case.to_json()
+        else:  # (the example being checked, unless the caller names it)
+            text = (case if case is not None else recorder.last_example).to_json()
             entry = recorder.unsupported.setdefault(
                 item.backend, {"call": item.call, "error": item.error, "condition": item.condition, "count": 0,
                                "example": text}

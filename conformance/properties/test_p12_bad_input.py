@@ -101,7 +101,7 @@ def check(ctx: CheckContext, case: BadCallCase, per_rank: list[dict[str, Any]]) 
 
 
 def _not_made(ctx: CheckContext, backend: str, row_id: str, what: str, results: list[Any]) -> bool:
-    """Whether a set-up limit kept the call from being made (an :class:`NotChecked` result on every rank: the
+    """Whether a set-up limit kept the call from being made (a :class:`NotChecked` result on every rank: the
     recipes are the same on every rank): then recorded as a part of the check ``backend`` could not take here, with
     the limit's reason and evidence, and not checked."""
     limited = [r for r in results if isinstance(r, NotChecked)]

@@ -1,7 +1,7 @@
 """Rank task of P12 (bad calls): for each drawn row of the refusal table, make its bad call and its valid
 neighbour with every selected backend of the row's API, then the next valid dispatch on the suite's own buffer.
 What each call raised comes back as :class:`~conformance.core.views.Raised` per rank (an
-:class:`~conformance.core.views.NotChecked` where a set-up limit kept the call from being made); letting an exception
+:class:`~conformance.core.outcomes.NotChecked` where a set-up limit kept the call from being made); letting an exception
 escape would retire the world."""
 
 from __future__ import annotations

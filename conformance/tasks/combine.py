@@ -2,7 +2,7 @@
 
 Every task dispatches this rank's inputs through every backend first (operation ``dispatch``), then runs
 the combine side (operation ``combine``), so that a known combine limit (V2 rejects hidden=128) turns into
-an :class:`NotChecked` result for that backend only, and a dispatch failure is never mistaken for it.
+a :class:`NotChecked` result for that backend only, and a dispatch failure is never mistaken for it.
 Results are CPU tensors, keyed by backend name.  The extra inputs (biases, a second payload, upstream
 gradients) come from :mod:`conformance.core.example`, where the oracle builds the same tensors.
 """

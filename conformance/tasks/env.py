@@ -97,7 +97,7 @@ class RankEnv:
 
     def then_each_backend(self, first: dict[str, Any], operation: str, call: Callable[[Any, Any], Any]
                           ) -> dict[str, Any]:
-        """A second stage per backend: ``call(adapter, first[backend])``; an :class:`NotChecked` first stage stays."""
+        """A second stage per backend: ``call(adapter, first[backend])``; a :class:`NotChecked` first stage stays."""
         out: dict[str, Any] = {}
         for name, result in first.items():
             spec = self.spec(name)
