@@ -122,6 +122,7 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
                 check_one(case)
         except (KnownDefectStop, AllHung) as stopped:
             recorder.stopped = str(stopped)
+            _failed_before_the_stop(property_id, recorder, stopped)
         return
 
     def draws(database_on: bool = True) -> None:
@@ -159,6 +160,25 @@ def _draw(session: Any, prop: Property, configured: Any, recorder: Any, budget: 
         pytest.fail(f"{property_id}: {exhausted}", pytrace=False)
     except (KnownDefectStop, AllHung) as stopped:  # the verdicts stand as counted; the report says why it stopped
         recorder.stopped = str(stopped)
+        _failed_before_the_stop(property_id, recorder, stopped)
+
+
+def _failed_before_the_stop(property_id: str, recorder: Any, stopped: BaseException) -> None:
+    """A property that stopped drawing (``stopped``) after an example had failed fails: a known defect that retires
+    the world may stop it while Hypothesis is still replaying that failure (shrinking it), and the stop, a
+    ``BaseException``, takes the failure's place, so the test would pass while the column says ``failed`` (a real
+    run: P23 on real-v1, a crash on its first example, then the known defect twice).  The counterexample is the
+    last case that failed; a backend left out after a hang is failed by :func:`_fail_hung` instead."""
+    __tracebackhide__ = True
+    failed = {name: column for name, column in recorder.tally.columns.items()
+              if (column.failed or column.suite_errors) and name not in recorder.hung}
+    if not failed:
+        return
+    if recorder.failing_example is not None:
+        recorder.last_example = recorder.failing_example
+    first = next(iter(failed.values()))
+    pytest.fail(f"{property_id} failed on {', '.join(failed)} before it stopped drawing ({stopped}); the first "
+                f"failure:\n{first.message or '(no message kept)'}", pytrace=False)
 
 
 def judge_the_others(session: Any, prop: Property, failure: BaseException, redraw: Any) -> None:

@@ -70,6 +70,7 @@ class Recorder:
     #: calls: a node or rank lost while idle, or a fault surfacing after the last example); never silent
     world_lost: str | None = None
     failure_detail: dict[str, Any] | None = None  # what differs in the last failing example (assertions.Mismatch)
+    failing_example: Any = None  # the last case that failed (or raised a suite error): the counterexample
     #: the first suite error (the suite's own code raised while checking): the property's status is ``suite-error``
     suite_error: str | None = None
     #: (backend, "Class.method", given parameters, returned, enclosing call) of every library call the ranks made
@@ -481,6 +482,7 @@ class Session:
         if recorder.first_failure_at is None:
             recorder.first_failure_at = recorder.examples
         recorder.failure_detail = getattr(failure, "detail", None)
+        recorder.failing_example = recorder.last_example
 
     def progress(self, property_id: str, examples: int) -> None:
         """Report progress (see :attr:`on_progress`); never fails the example."""
