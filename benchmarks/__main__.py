@@ -232,6 +232,15 @@ CATALOG_ARGS = ("--rank-setup shared --device cuda --nodes 1 --backends real-v1,
                 "--max-examples 25")
 
 
+def catalog_command(args: list[str], report_dir: str) -> list[str]:
+    """The catalog's pytest command.  The plugin is loaded by name: where the checkout is not installed (the
+    accelerator machine), a path option's value after a space (``--baseline /tmp/old.json``) would otherwise root
+    pytest in that path's folder and leave every option of the suite unknown (docs/reference.md, "From a checkout
+    that is not installed")."""
+    return [sys.executable, "-m", "pytest", "-p", "conformance.plugin", "-p", "no:cacheprovider",
+            f"--report-dir={report_dir}", *args]
+
+
 def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit_s: float,
             profile: bool = False) -> dict[str, Any]:
     """The whole catalog as ``args`` says (one run: it is long), its JIT cache at ``jit_cache`` (``fresh``: emptied
@@ -248,8 +257,7 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
     profile_dir = tempfile.mkdtemp(prefix="catalog-profile-") if profile else ""
     env = {**_env(), "EP_JIT_CACHE_DIR": jit_cache, **({PROFILE_ENV: profile_dir} if profile else {})}
     start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--report-dir={report_dir}",
-                             *args], cwd=ROOT, env=env)
+    proc = subprocess.Popen(catalog_command(args, report_dir), cwd=ROOT, env=env)
     try:
         code = proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
@@ -259,7 +267,11 @@ def catalog(args: list[str], report_dir: str, jit_cache: str, fresh: bool, limit
     # run 21a on one H200: the call's limit came after pytest's end, with no word of what the benchmark was doing
     print(f"benchmarks catalog: pytest ended after {wall:.0f} s (exit {code}); reading its report"
           + (f" and the rank profiles in {profile_dir}" if profile else ""), flush=True)
-    report = json.loads((Path(report_dir) / "conformance.json").read_text())
+    written = Path(report_dir) / "conformance.json"
+    if not written.exists():
+        raise SystemExit(f"benchmarks catalog: pytest wrote no report ({written}; exit {code}): its output above says "
+                         f"why")
+    report = json.loads(written.read_text())
     jit = report.get("jit") or {}
     warm = (jit.get("warm_up") or {}).get("wall_s", 0.0)
     ran = [p for p in report["properties"] if p["status"] not in ("not-run", "skipped")]
