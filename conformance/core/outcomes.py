@@ -103,11 +103,6 @@ class NotChecked:
         """The property does not check ``backend`` at all."""
         return cls(backend, why, Span.PROPERTY, reason)
 
-    @property
-    def error(self) -> str:
-        """What a declined call raised (``Span.EXAMPLE``): the reason."""
-        return self.reason
-
 
 #: The kinds of reason, in declaration order, as plain strings (the report's ``why`` lists).
 WHYS: tuple[str, ...] = tuple(w.value for w in Why)

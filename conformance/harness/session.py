@@ -579,10 +579,10 @@ class Session:
         else:  # (the example being checked, unless the caller names it)
             text = (case if case is not None else recorder.last_example).to_json()
             entry = recorder.unsupported.setdefault(
-                item.backend, {"call": item.call, "error": item.error, "condition": item.condition, "count": 0,
+                item.backend, {"call": item.call, "error": item.reason, "condition": item.condition, "count": 0,
                                "example": text}
             )
-            recorder.tally.exclude(item.backend, item.condition or f"{item.call} raised {item.error[:80]}")
+            recorder.tally.exclude(item.backend, item.condition or f"{item.call} raised {item.reason[:80]}")
             seen = recorder.rejected.setdefault(item.backend, set())
             if text not in seen:
                 seen.add(text)

@@ -109,7 +109,7 @@ def _not_made(ctx: CheckContext, backend: str, row_id: str, what: str, results: 
         return False
     ctx.not_checked(NotChecked.part(
         backend, Why.SETUP, f"refusal row {row_id}: {what} was not made ({limited[0].condition})"))
-    ctx.not_checked(NotChecked.part(backend, Why.SETUP, limited[0].error))
+    ctx.not_checked(NotChecked.part(backend, Why.SETUP, limited[0].reason))
     return True
 
 

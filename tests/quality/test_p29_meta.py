@@ -29,7 +29,7 @@ def test_cuda_graphs_catches_a_replay_that_keeps_the_captured_outputs(emulated_s
 def test_cuda_graphs_is_unsupported_on_the_emulation_without_a_stand_in(emulated_session) -> None:
     per_rank = emulated_session.run(graph_replays, CASE)
     reasons = [result for ranks in per_rank for result in ranks.values()]
-    assert reasons and all(isinstance(r, NotChecked) and "CUDA graphs need a GPU" in r.error for r in reasons), \
+    assert reasons and all(isinstance(r, NotChecked) and "CUDA graphs need a GPU" in r.reason for r in reasons), \
         reasons
     assert fails(emulated_session, PID, CASE, None) is None
 
